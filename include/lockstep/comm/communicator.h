@@ -1,0 +1,104 @@
+// The communicator: the one narrow interface every transport implements.
+//
+// A communicator connects `size()` ranks. It offers tagged point-to-point
+// transfers of byte spans and nothing else; collective algorithms are free
+// functions written once on top of it (collectives.h), so every backend
+// (in-process threads now; Gloo and MPI later) gets all of them. Nothing in
+// this interface assumes shared memory.
+//
+// Thread-safety: a Communicator belongs to one rank and is used by one thread
+// at a time. Different ranks' communicators may be used concurrently.
+//
+// Errors: every blocking call has a timeout. A timeout, or abort() on any rank,
+// aborts the whole group: every rank blocked in wait() is woken and gets
+// CommAborted (or TimeoutError on the rank that timed out), and every later
+// call fails at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lockstep::comm {
+
+using Duration = std::chrono::milliseconds;
+
+// A handle to one asynchronous transfer.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the transfer has completed. Throws TimeoutError after
+  // `timeout` (and aborts the group), CommAborted if the group was aborted.
+  virtual void wait(Duration timeout) = 0;
+  virtual bool done() const = 0;
+};
+
+// Bytes this rank has moved, as measured at the transport.
+struct CommStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t messages_sent = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Starts sending `data` to `peer` under `tag`. `data` must stay valid until
+  // the returned Work completes. Messages between one pair with one tag are
+  // matched in order.
+  virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag,
+                                      std::span<const std::byte> data) = 0;
+  // Starts receiving exactly `data.size()` bytes from `peer` under `tag`.
+  // A size mismatch with the matching send aborts the group.
+  virtual std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) = 0;
+
+  // Aborts the group: wakes every rank; `reason` reaches all of them.
+  virtual void abort(const std::string& reason) = 0;
+  virtual bool aborted() const = 0;
+
+  virtual CommStats stats() const = 0;
+
+  // The timeout used by blocking collectives on this communicator.
+  Duration timeout() const { return timeout_; }
+  void set_timeout(Duration timeout) { timeout_ = timeout; }
+
+  // Sequence number of the next collective; collectives derive their tags
+  // from it so that messages of different calls can never be confused.
+  std::uint64_t next_sequence() { return sequence_++; }
+
+  // Per-rank scratch memory reused across collectives (avoids an allocation
+  // and page faults per call). Valid until the next call to scratch().
+  std::span<std::byte> scratch(std::size_t bytes);
+
+ private:
+  Duration timeout_{std::chrono::seconds(60)};
+  std::uint64_t sequence_ = 0;
+  std::vector<std::byte> scratch_;
+};
+
+// Blocking conveniences over isend/irecv with the communicator's timeout.
+void send(Communicator& comm, int peer, std::uint64_t tag, std::span<const std::byte> data);
+void recv(Communicator& comm, int peer, std::uint64_t tag, std::span<std::byte> data);
+
+template <typename T>
+std::span<const std::byte> bytes_of(std::span<const T> s) {
+  return std::as_bytes(s);
+}
+template <typename T>
+std::span<std::byte> writable_bytes_of(std::span<T> s) {
+  return std::as_writable_bytes(s);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,218 @@
+// Threads backend: a mailbox shared by the ranks of one process.
+//
+// Matching: an unmatched send or receive is parked in the destination rank's
+// mailbox. The second party to arrive takes the parked op out, copies the
+// payload once (sender's buffer -> receiver's buffer) outside the lock, then
+// marks both sides done and wakes the owner of the parked op.
+//
+// Note [Buffer lifetime on abort]: a parked op may be in the middle of being
+// copied by the other party when the group aborts. Its owner must not return
+// (and free the buffer) until that copy has finished, so wait() blocks while
+// the op is in state kCopying, which always ends in microseconds.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "lockstep/comm/threads.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+enum class OpState { kParked, kCopying, kDone };
+
+struct Op {
+  int src = 0;
+  int dst = 0;
+  std::uint64_t tag = 0;
+  bool is_send = false;
+  const std::byte* send_data = nullptr;  // set for sends
+  std::byte* recv_data = nullptr;        // set for receives
+  std::size_t bytes = 0;
+  OpState state = OpState::kParked;  // guarded by Hub::mu
+};
+
+struct Hub {
+  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n) {}
+  std::mutex mu;
+  std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
+  // By destination rank. Guarded by mu.
+  std::vector<std::deque<std::shared_ptr<Op>>> parked_sends;
+  std::vector<std::deque<std::shared_ptr<Op>>> parked_recvs;
+  bool aborted = false;      // guarded by mu
+  std::string abort_reason;  // guarded by mu
+
+  void abort_locked(const std::string& reason) {
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+    for (auto& c : cv) c.notify_all();
+  }
+};
+
+std::string describe(const Op& op, int waiter) {
+  if (op.is_send) {
+    return "rank " + std::to_string(waiter) + ": send to rank " + std::to_string(op.dst);
+  }
+  return "rank " + std::to_string(waiter) + ": recv from rank " + std::to_string(op.src);
+}
+
+class ThreadWork final : public Work {
+ public:
+  ThreadWork(std::shared_ptr<Hub> hub, std::shared_ptr<Op> op, int owner)
+      : hub_(std::move(hub)), op_(std::move(op)), owner_(owner) {}
+
+  void wait(Duration timeout) override {
+    if (!op_) return;
+    std::unique_lock lock(hub_->mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto& cv = hub_->cv[owner_];
+    while (op_->state != OpState::kDone) {
+      if (hub_->aborted && op_->state == OpState::kParked) {
+        unpark_locked();
+        throw CommAborted("rank " + std::to_string(owner_) +
+                          ": communicator aborted: " + hub_->abort_reason);
+      }
+      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+          op_->state == OpState::kParked) {
+        const std::string msg = describe(*op_, owner_) + " timed out after " +
+                                std::to_string(timeout.count()) + " ms (collective seq " +
+                                std::to_string(op_->tag >> 16) + ", round " +
+                                std::to_string(op_->tag & 0xffff) + ")";
+        unpark_locked();
+        hub_->abort_locked(msg);
+        throw TimeoutError(msg);
+      }
+    }
+    op_.reset();
+  }
+
+  bool done() const override {
+    if (!op_) return true;
+    std::lock_guard lock(hub_->mu);
+    return op_->state == OpState::kDone;
+  }
+
+ private:
+  // Removes our parked op so nobody copies into/out of a dead buffer.
+  void unpark_locked() {
+    auto& queue = op_->is_send ? hub_->parked_sends[op_->dst] : hub_->parked_recvs[op_->dst];
+    std::erase(queue, op_);
+    op_.reset();
+  }
+
+  std::shared_ptr<Hub> hub_;
+  std::shared_ptr<Op> op_;  // null once complete
+  int owner_;
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<Hub> hub, int rank, int size)
+      : hub_(std::move(hub)), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::unique_ptr<Work> isend(int peer, std::uint64_t tag,
+                              std::span<const std::byte> data) override {
+    check_peer(peer, "send to");
+    bytes_sent_ += data.size();
+    ++messages_sent_;
+    auto op = std::make_shared<Op>(Op{rank_, peer, tag, true, data.data(), nullptr, data.size()});
+    return post(op, hub_->parked_recvs[peer], hub_->parked_sends[peer]);
+  }
+
+  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+    check_peer(peer, "recv from");
+    bytes_received_ += data.size();
+    auto op = std::make_shared<Op>(Op{peer, rank_, tag, false, nullptr, data.data(), data.size()});
+    return post(op, hub_->parked_sends[rank_], hub_->parked_recvs[rank_]);
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard lock(hub_->mu);
+    hub_->abort_locked(reason);
+  }
+
+  bool aborted() const override {
+    std::lock_guard lock(hub_->mu);
+    return hub_->aborted;
+  }
+
+  CommStats stats() const override {
+    return {bytes_sent_.load(), bytes_received_.load(), messages_sent_.load()};
+  }
+
+ private:
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
+                            std::to_string(peer) + " in a group of " + std::to_string(size_));
+    }
+  }
+
+  // Matches `op` against the other side's parked ops, or parks it.
+  std::unique_ptr<Work> post(const std::shared_ptr<Op>& op,
+                             std::deque<std::shared_ptr<Op>>& counterparts,
+                             std::deque<std::shared_ptr<Op>>& parking) {
+    std::unique_lock lock(hub_->mu);
+    if (hub_->aborted) {
+      throw CommAborted("rank " + std::to_string(rank_) +
+                        ": communicator aborted: " + hub_->abort_reason);
+    }
+    for (auto it = counterparts.begin(); it != counterparts.end(); ++it) {
+      Op& other = **it;
+      if (other.src != op->src || other.tag != op->tag) continue;
+      std::shared_ptr<Op> parked = *it;
+      counterparts.erase(it);
+      if (parked->bytes != op->bytes) {
+        const std::size_t sent = op->is_send ? op->bytes : parked->bytes;
+        const std::size_t expected = op->is_send ? parked->bytes : op->bytes;
+        const std::string msg = "rank " + std::to_string(op->dst) + ": message from rank " +
+                                std::to_string(op->src) + " has " + std::to_string(sent) +
+                                " bytes where " + std::to_string(expected) + " were expected";
+        hub_->abort_locked(msg);
+        throw CommAborted(msg);
+      }
+      parked->state = OpState::kCopying;
+      lock.unlock();
+      const std::byte* from = op->is_send ? op->send_data : parked->send_data;
+      std::byte* to = op->is_send ? parked->recv_data : op->recv_data;
+      if (op->bytes) std::memcpy(to, from, op->bytes);
+      lock.lock();
+      parked->state = OpState::kDone;
+      const int owner = parked->is_send ? parked->src : parked->dst;
+      hub_->cv[owner].notify_all();
+      return std::make_unique<ThreadWork>(hub_, nullptr, rank_);
+    }
+    parking.push_back(op);
+    return std::make_unique<ThreadWork>(hub_, op, rank_);
+  }
+
+  std::shared_ptr<Hub> hub_;
+  int rank_;
+  int size_;
+  std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> bytes_received_{0};
+  std::atomic<std::uint64_t> messages_sent_{0};
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_thread_group(const ThreadGroupOptions& options) {
+  if (options.world_size < 1) {
+    throw InvalidArgument("a thread group needs at least 1 rank, got " +
+                          std::to_string(options.world_size));
+  }
+  auto hub = std::make_shared<Hub>(options.world_size);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < options.world_size; ++r) {
+    comms.push_back(std::make_unique<ThreadCommunicator>(hub, r, options.world_size));
+    comms.back()->set_timeout(options.timeout);
+  }
+  return comms;
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,152 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+#include "run_ranks.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::rethrow_first;
+using testing::run_ranks;
+
+// Rank r's input element i: small integers, so every sum is exact in float
+// and the expected value has a closed form.
+float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+
+float expected(ReduceOp op, int n, std::size_t i) {
+  const float base = static_cast<float>((i % 7) + 1);
+  switch (op) {
+    case ReduceOp::Sum: return base * n * (n + 1) / 2.0f;
+    case ReduceOp::Mean: return base * n * (n + 1) / 2.0f / n;
+    case ReduceOp::Max: return base * n;
+    case ReduceOp::Min: return base;
+  }
+  return 0;
+}
+
+struct GridCase {
+  Algorithm algorithm;
+  ReduceOp op;
+};
+
+class AllreduceGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(AllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
+  const auto [algorithm, op] = GetParam();
+  for (int n = 1; n <= 9; ++n) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
+                              std::size_t(n + 1), std::size_t{1000}, std::size_t{1} << 20}) {
+      std::vector<std::vector<float>> results(n);
+      auto errors = run_ranks(n, [&](Communicator& comm) {
+        std::vector<float> data(count);
+        for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+        allreduce(comm, data, {.op = op, .algorithm = algorithm});
+        results[comm.rank()] = std::move(data);
+      });
+      rethrow_first(errors);
+      for (std::size_t i = 0; i < count; ++i) {
+        ASSERT_FLOAT_EQ(results[0][i], expected(op, n, i))
+            << "n=" << n << " count=" << count << " i=" << i;
+      }
+      for (int r = 1; r < n; ++r) {
+        ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)))
+            << "rank " << r << " differs from rank 0, n=" << n << " count=" << count;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllAlgorithmsAndOps, AllreduceGrid,
+    ::testing::Values(GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
+                      GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
+                      GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
+                      GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
+                      GridCase{Algorithm::Auto, ReduceOp::Mean}),
+    [](const auto& info) {
+      return std::string(to_string(info.param.algorithm)) + "_" + to_string(info.param.op);
+    });
+
+TEST(RingAllreduce, SendsTwoPTimesNMinusOneOverNBytesPerRank) {
+  for (int n : {2, 3, 8}) {
+    const std::size_t count = 24 * 1000;  // divisible by every n above
+    std::vector<std::uint64_t> sent(n);
+    rethrow_first(run_ranks(n, [&](Communicator& comm) {
+      std::vector<float> data(count, 1.0f);
+      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+      sent[comm.rank()] = comm.stats().bytes_sent;
+    }));
+    const std::uint64_t p = count * sizeof(float);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(sent[r], 2 * p * (n - 1) / n) << "n=" << n << " rank " << r;
+  }
+}
+
+TEST(Broadcast, EveryRankGetsRootData) {
+  for (int n = 1; n <= 9; ++n) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::vector<float>> got(n);
+      rethrow_first(run_ranks(n, [&](Communicator& comm) {
+        std::vector<float> data(37, static_cast<float>(comm.rank()));
+        broadcast(comm, std::span<float>(data), root);
+        got[comm.rank()] = data;
+      }));
+      for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], std::vector<float>(37, float(root))) << n << root;
+    }
+  }
+}
+
+TEST(Failure, AbortOnOneRankWakesEveryRankWithTheReason) {
+  auto errors = run_ranks(4, [](Communicator& comm) {
+    std::vector<float> data(1000, 1.0f);
+    if (comm.rank() == 2) {
+      comm.abort("rank 2: replica failed in backward");
+      return;
+    }
+    allreduce(comm, data, {.op = ReduceOp::Sum});
+  });
+  for (int r : {0, 1, 3}) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const CommAborted& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2: replica failed in backward"), std::string::npos);
+    }
+  }
+  EXPECT_FALSE(errors[2]);
+}
+
+TEST(Failure, MissingPeerTimesOutAndLaterCallsFailAtOnce) {
+  auto errors = run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> data(10, 1.0f);
+        if (comm.rank() == 1) return;  // never joins
+        try {
+          allreduce(comm, data, {.op = ReduceOp::Sum});
+        } catch (const Error&) {
+          const auto start = std::chrono::steady_clock::now();
+          EXPECT_THROW(allreduce(comm, data, {.op = ReduceOp::Sum}), CommAborted);
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+          throw;
+        }
+      },
+      std::chrono::milliseconds(200));
+  ASSERT_TRUE(errors[0]);
+  ASSERT_TRUE(errors[2]);
+  EXPECT_FALSE(errors[1]);
+}
+
+TEST(Failure, SizeMismatchAbortsTheGroup) {
+  auto errors = run_ranks(2, [](Communicator& comm) {
+    std::vector<float> data(comm.rank() == 0 ? 10 : 11, 1.0f);
+    allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Naive});
+  });
+  EXPECT_TRUE(errors[0]);
+  EXPECT_TRUE(errors[1]);
+}
+
+}  // namespace
+}  // namespace lockstep::comm
