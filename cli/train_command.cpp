@@ -1,0 +1,161 @@
+// `lockstep train`: flags -> TrainConfig -> train() -> summary, report, weights.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "lockstep/error.h"
+#include "lockstep/nn/weights_file.h"
+#include "lockstep/train/report.h"
+#include "peak_flops.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct TrainFlags {
+  train::TrainConfig config;
+  std::string data_dir = data::default_data_dir().string();
+  std::string hidden = "512,512";
+  std::string shuffle = "on";
+  std::string schedule = "cosine";
+  std::string last_batch = "drop";
+  std::string algorithm = "auto";
+  double timeout_s = 60;
+  bool normalize = false;
+  bool quiet = false;
+  std::string init_file, save_file, report_file;
+  CLI::Option* lr_option = nullptr;
+};
+
+std::vector<std::int64_t> parse_hidden(const std::string& text) {
+  std::vector<std::int64_t> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
+      throw InvalidArgument("--hidden must be a comma-separated list of positive widths such as 512,512; got '" +
+                            text + "'");
+    }
+    out.push_back(v);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// Fails before training, not after it, if the output cannot be written.
+void check_writable(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  const auto parent = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(parent) || access(parent.c_str(), W_OK) != 0) {
+    throw InvalidArgument(std::string(flag) + " " + path + ": the directory " + parent.string() +
+                          " does not exist or is not writable.");
+  }
+}
+
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) == 1) {}
+  void operator()(const train::Progress& p) {
+    if (quiet_) return;
+    char line[256];
+    std::snprintf(line, sizeof line, "epoch %lld  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s",
+                  (long long)p.epoch + 1, (long long)p.step, (long long)p.total_steps, p.loss, p.lr,
+                  p.samples_per_s);
+    if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
+    if (p.test_accuracy) {
+      std::fprintf(stderr, "%s%s  test accuracy %.4f\n", tty_ ? "" : "", tty_ ? "" : line, *p.test_accuracy);
+    } else if (!tty_) {
+      std::fprintf(stderr, "%s\n", line);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_;
+  bool tty_;
+};
+
+int run_train(TrainFlags& f) {
+  auto& c = f.config;
+  c.hidden = parse_hidden(f.hidden);
+  c.shuffle = f.shuffle == "on";
+  c.schedule = f.schedule == "cosine" ? optim::Schedule::Cosine : optim::Schedule::Constant;
+  c.last_batch = f.last_batch == "keep" ? ddp::LastBatch::Keep : ddp::LastBatch::Drop;
+  c.algorithm = f.algorithm == "ring"    ? comm::Algorithm::Ring
+                : f.algorithm == "naive" ? comm::Algorithm::Naive
+                                         : comm::Algorithm::Auto;
+  if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
+  if (!(f.timeout_s > 0)) throw InvalidArgument("--timeout must be a positive number of seconds");
+  c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
+  check_writable(f.save_file, "--save");
+  check_writable(f.report_file, "--report");
+
+  const auto data = data::load_image_classification(f.data_dir, {.normalize = f.normalize});
+  if (!f.init_file.empty()) {
+    auto model = train::make_model(c, data.train.features, data.train.num_classes);
+    c.initial_params = nn::load_weights(f.init_file, model->layout());
+  }
+  c.peak_flops = measure_peak_sgemm_flops();
+  if (!f.quiet) {
+    std::fprintf(stderr, "lockstep train: %d replicas x %lld on %s (%lld train, %lld test samples)\n",
+                 c.replicas, (long long)c.micro_batch, data.dir.c_str(), (long long)data.train.size,
+                 (long long)data.test.size);
+  }
+  ProgressPrinter printer(f.quiet);
+  const auto result = train::train(c, data, {.on_progress = std::ref(printer)});
+
+  std::cout << train::summary_text(c, result);
+  if (!f.save_file.empty()) {
+    nn::save_weights(f.save_file, result.layout, result.params,
+                     {{"format", "pt"}, {"model", result.model_description}});
+  }
+  if (!f.report_file.empty()) {
+    const std::string tmp = f.report_file + ".tmp";
+    std::ofstream(tmp) << train::report_json(c, result);
+    std::filesystem::rename(tmp, f.report_file);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_train_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  auto& c = flags->config;
+  CLI::App* cmd = app.add_subcommand("train", "Train a model with N replicas in lockstep (defaults: Fashion-MNIST, 8 x 32, MLP 784-512-512-10, 10 epochs)");
+  cmd->option_defaults()->always_capture_default();
+  cmd->add_option("--replicas", c.replicas, "Number of replicas (threads), each with a full copy of the model")->check(CLI::Range(1, 1024));
+  cmd->add_option("--micro-batch", c.micro_batch, "Samples per replica per step; global batch = replicas x micro-batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_option("--epochs", c.epochs, "Epochs to train")->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
+  cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--model", c.model, "Model")->check(CLI::IsMember({"mlp"}));
+  cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
+  cmd->add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"sgd", "adamw"}));
+  flags->lr_option = cmd->add_option("--lr", c.lr, "Peak learning rate (default 0.1 for sgd, 0.001 for adamw)")->check(CLI::PositiveNumber);
+  cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")->check(CLI::IsMember({"cosine", "constant"}));
+  cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
+  cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order");
+  cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--last-batch", flags->last_batch, "An epoch's last partial global batch: drop it, or keep it as ragged shards weighted by sample count")->check(CLI::IsMember({"drop", "keep"}));
+  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
+  cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
+  cmd->add_option("--init", flags->init_file, "Start from these weights (safetensors) instead of a fresh init");
+  cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
+  cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
+  cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")->check(CLI::IsMember({"auto", "ring", "naive"}));
+  cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted");
+  cmd->add_option("--log-every", c.log_every, "Progress every this many steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  cmd->add_flag("--quiet", flags->quiet, "No progress output");
+  return [flags] { return run_train(*flags); };
+}
+
+}  // namespace lockstep::cli

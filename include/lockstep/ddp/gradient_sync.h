@@ -1,0 +1,25 @@
+// Gradient synchronisation: the one all-reduce per step.
+//
+// Every replica passes its local gradient, the mean over its own `local_count`
+// samples. On return every replica holds the same gradient: the mean over all
+// `global_count` samples of the step. With equal shards this is the plain
+// mean of the replicas' gradients. With ragged shards each replica's gradient
+// is first weighted by N * local_count / global_count, so the result is still
+// the exact mean over all samples rather than a mean of means that would
+// over-weight the short shard.
+//
+// The reducer with buckets that overlaps this with backward comes later; it
+// keeps this contract.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "lockstep/comm/collectives.h"
+
+namespace lockstep::ddp {
+
+void average_gradients(comm::Communicator& comm, std::span<float> grads, std::int64_t local_count,
+                       std::int64_t global_count, comm::Algorithm algorithm = comm::Algorithm::Auto);
+
+}  // namespace lockstep::ddp

@@ -1,0 +1,70 @@
+// A sequential model: layers in a chain, their parameters and gradients in
+// two arenas, and the activations of the last forward pass.
+//
+// Parameter names follow PyTorch's nn.Sequential: "<layer index>.<param>",
+// e.g. "0.weight", "0.bias", "2.weight" for Linear/ReLU/Linear, so a saved
+// state loads directly into the equivalent PyTorch module.
+//
+// A Model is one replica's copy. It is not thread-safe; one thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/nn/arena.h"
+#include "lockstep/nn/layer.h"
+
+namespace lockstep::nn {
+
+class Model {
+ public:
+  explicit Model(std::vector<std::unique_ptr<Layer>> layers);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const Layout& layout() const { return layout_; }
+  std::span<float> params() { return params_.span(); }
+  std::span<const float> params() const { return params_.span(); }
+  std::span<float> grads() { return grads_.span(); }
+  std::span<const float> grads() const { return grads_.span(); }
+  // Gradient spans of each layer that has parameters, in layer order.
+  std::int64_t in_features() const;
+  std::int64_t out_features() const;
+
+  // Deterministic initialisation from `seed` (PyTorch's default schemes).
+  void init(std::uint64_t seed);
+
+  // x: (B, in) -> logits: (B, out). The span stays valid until the next call.
+  // Keeps the activations that backward() needs; `x` itself must stay valid
+  // until backward() returns.
+  std::span<const float> forward(std::span<const float> x, std::int64_t batch);
+  // dlogits: (B, out). Writes (or, with accumulate, adds to) grads().
+  // Must follow forward() with the same batch. The input gets no gradient.
+  void backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate = false);
+
+  // Forward + backward flops per sample that the math needs (no input grad).
+  double train_flops_per_sample() const;
+  double forward_flops_per_sample() const;
+  std::string describe() const;
+
+ private:
+  void reserve(std::int64_t batch);
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  Layout layout_;
+  Arena params_;
+  Arena grads_;
+  std::vector<std::vector<float>> acts_;  // acts_[i] = output of layer i
+  const float* input_ = nullptr;          // the last input batch (not owned)
+  std::vector<float> dbuf_[2];            // ping-pong upstream gradients
+  std::int64_t capacity_ = 0;
+};
+
+// Linear(in, h0) ReLU Linear(h0, h1) ReLU ... Linear(h_last, classes).
+std::unique_ptr<Model> make_mlp(std::int64_t in_features, std::span<const std::int64_t> hidden,
+                                std::int64_t classes);
+
+}  // namespace lockstep::nn

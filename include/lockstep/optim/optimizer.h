@@ -1,0 +1,65 @@
+// Optimizers, with PyTorch's update rules, over one replica's arenas.
+//
+// An optimizer owns its state in one contiguous arena of `slots() x P` floats
+// (P = number of parameters), laid out like the parameters, so the state is
+// replicated exactly as the weights are. step() applies one update to every
+// parameter from the (already averaged) gradient.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/nn/arena.h"
+
+namespace lockstep::optim {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string describe() const = 0;
+  // Names of the state slots, e.g. {"momentum_buffer"} or {"exp_avg", "exp_avg_sq"}.
+  virtual std::vector<std::string> slot_names() const = 0;
+  std::span<float> state() { return state_.span(); }
+  std::span<const float> state() const { return state_.span(); }
+  std::int64_t steps_taken() const { return steps_; }
+
+  // params -= update(grads) with learning rate `lr`.
+  virtual void step(std::span<float> params, std::span<const float> grads, float lr) = 0;
+
+ protected:
+  Optimizer(std::size_t numel, std::size_t slots) : numel_(numel), state_(numel * slots) {}
+  std::size_t numel_;
+  nn::Arena state_;
+  std::int64_t steps_ = 0;
+};
+
+// torch.optim.SGD: g += wd*w; buf = g (first step) or momentum*buf + (1-dampening)*g;
+// g = g + momentum*buf (Nesterov) or buf; w -= lr*g.
+struct SgdOptions {
+  float momentum = 0.9f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+// torch.optim.AdamW: w *= 1 - lr*wd; m = lerp(m, g, 1-b1); v = b2 v + (1-b2) g^2;
+// w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+};
+
+std::unique_ptr<Optimizer> make_sgd(std::size_t numel, const SgdOptions& options);
+std::unique_ptr<Optimizer> make_adamw(std::size_t numel, const AdamWOptions& options);
+
+enum class Schedule { Constant, Cosine };
+// Learning rate at `step` (0-based) of `total_steps`: constant, or cosine decay
+// from `base` to 0 (torch CosineAnnealingLR with T_max = total_steps, eta_min 0).
+float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps);
+
+}  // namespace lockstep::optim

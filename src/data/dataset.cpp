@@ -1,0 +1,147 @@
+#include "lockstep/data/dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "lockstep/data/idx.h"
+#include "lockstep/error.h"
+
+namespace lockstep::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kTrainImages[] = "train-images-idx3-ubyte";
+constexpr char kTrainLabels[] = "train-labels-idx1-ubyte";
+constexpr char kTestImages[] = "t10k-images-idx3-ubyte";
+constexpr char kTestLabels[] = "t10k-labels-idx1-ubyte";
+constexpr std::uint8_t kUnsignedByte = 0x08;
+
+[[noreturn]] void fail(const fs::path& path, const std::string& defect) {
+  throw IoError(path.string() + ": " + defect);
+}
+
+// dir/name if it exists, else dir/name.gz if that exists, else IoError.
+fs::path find_file(const fs::path& dir, const std::string& name) {
+  std::error_code ec;
+  for (const fs::path& candidate : {dir / name, dir / (name + ".gz")}) {
+    if (fs::exists(candidate, ec)) return candidate;
+  }
+  fail(dir, "no " + name + " or " + name + ".gz in this directory; pass --data DIR pointing at an "
+            "IDX data set (MNIST layout, e.g. Fashion-MNIST)");
+}
+
+std::string type_hex(std::uint8_t code) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  return std::string("0x") + kDigits[code >> 4] + kDigits[code & 15];
+}
+
+// Reads an image file and a label file into a Dataset of pixel / 255 values.
+// num_classes is left at 0 for the caller to set.
+Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
+  const IdxArray images = read_idx(images_path);
+  if (images.type_code != kUnsignedByte) {
+    fail(images_path, "images must be unsigned bytes (IDX type 0x08) but the type is " +
+                          type_hex(images.type_code));
+  }
+  if (images.dims.size() < 2) {
+    fail(images_path, "images need at least 2 dimensions (count, then pixels) but the file has " +
+                          std::to_string(images.dims.size()));
+  }
+  const IdxArray labels = read_idx(labels_path);
+  if (labels.type_code != kUnsignedByte) {
+    fail(labels_path, "labels must be unsigned bytes (IDX type 0x08) but the type is " +
+                          type_hex(labels.type_code));
+  }
+  if (labels.dims.size() != 1) {
+    fail(labels_path, "labels need exactly 1 dimension but the file has " +
+                          std::to_string(labels.dims.size()));
+  }
+  if (images.dims[0] != labels.dims[0]) {
+    throw IoError(images_path.string() + " holds " + std::to_string(images.dims[0]) +
+                  " images but " + labels_path.string() + " holds " +
+                  std::to_string(labels.dims[0]) + " labels; the counts must match");
+  }
+
+  Dataset set;
+  set.size = images.dims[0];
+  set.features = static_cast<std::int64_t>(images.bytes.size()) / set.size;
+  set.inputs.resize(images.bytes.size());
+  std::transform(images.bytes.begin(), images.bytes.end(), set.inputs.begin(),
+                 [](std::uint8_t p) { return static_cast<float>(p) / 255.0f; });
+  set.labels.assign(labels.bytes.begin(), labels.bytes.end());
+  return set;
+}
+
+void normalize_in_place(std::vector<float>& values, float mean, float stddev) {
+  for (float& v : values) v = (v - mean) / stddev;
+}
+
+}  // namespace
+
+std::span<const float> Dataset::input(std::int64_t i) const {
+  if (i < 0 || i >= size) {
+    throw InvalidArgument("Dataset::input: row " + std::to_string(i) + " is outside [0, " +
+                          std::to_string(size) + ")");
+  }
+  return std::span<const float>(inputs).subspan(static_cast<std::size_t>(i * features),
+                                                static_cast<std::size_t>(features));
+}
+
+ImageClassificationData load_image_classification(const std::filesystem::path& dir,
+                                                  const DatasetOptions& options) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    fail(dir, "no such directory; pass --data DIR pointing at an IDX data set (MNIST layout, "
+              "e.g. Fashion-MNIST)");
+  }
+  const fs::path train_images = find_file(dir, kTrainImages);
+  const fs::path train_labels = find_file(dir, kTrainLabels);
+  const fs::path test_images = find_file(dir, kTestImages);
+  const fs::path test_labels = find_file(dir, kTestLabels);
+
+  ImageClassificationData data;
+  data.dir = dir;
+  data.train = load_pair(train_images, train_labels);
+  data.test = load_pair(test_images, test_labels);
+  if (data.train.features != data.test.features) {
+    throw IoError(train_images.string() + " has " + std::to_string(data.train.features) +
+                  " pixels per image but " + test_images.string() + " has " +
+                  std::to_string(data.test.features) + "; train and test must match");
+  }
+
+  const auto max_label = *std::max_element(data.train.labels.begin(), data.train.labels.end());
+  const int num_classes = max_label + 1;
+  for (std::size_t i = 0; i < data.test.labels.size(); ++i) {
+    if (data.test.labels[i] >= num_classes) {
+      fail(test_labels, "label " + std::to_string(data.test.labels[i]) + " at index " +
+                            std::to_string(i) + " is out of range: the train labels give " +
+                            std::to_string(num_classes) + " classes (0 to " +
+                            std::to_string(max_label) + ")");
+    }
+  }
+  data.train.num_classes = num_classes;
+  data.test.num_classes = num_classes;
+
+  if (options.normalize) {
+    double sum = 0;
+    for (float v : data.train.inputs) sum += v;
+    const double mean = sum / static_cast<double>(data.train.inputs.size());
+    double sq = 0;
+    for (float v : data.train.inputs) sq += (v - mean) * (v - mean);
+    const double stddev = std::sqrt(sq / static_cast<double>(data.train.inputs.size()));
+    if (!(stddev > 0)) {
+      fail(train_images, "cannot normalize: every train pixel has the same value");
+    }
+    data.mean = static_cast<float>(mean);
+    data.stddev = static_cast<float>(stddev);
+    normalize_in_place(data.train.inputs, data.mean, data.stddev);
+    normalize_in_place(data.test.inputs, data.mean, data.stddev);
+  }
+  return data;
+}
+
+std::filesystem::path default_data_dir() { return "/usr/share/datasets/fashion-mnist"; }
+
+}  // namespace lockstep::data

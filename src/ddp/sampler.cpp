@@ -1,0 +1,64 @@
+#include "lockstep/ddp/sampler.h"
+
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "lockstep/error.h"
+
+namespace lockstep::ddp {
+namespace {
+
+// Uniform integer in [0, bound) from a fully specified engine (no
+// implementation-defined distribution), by rejection.
+std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
+  const std::uint64_t limit = UINT64_MAX - (UINT64_MAX % bound);
+  std::uint64_t x;
+  do x = rng();
+  while (x >= limit);
+  return x % bound;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
+  if (o.dataset_size <= 0) throw InvalidArgument("the data set is empty");
+  if (o.world_size < 1) {
+    throw InvalidArgument("the number of replicas must be at least 1, got " + std::to_string(o.world_size));
+  }
+  if (o.micro_batch < 1) {
+    throw InvalidArgument("the micro-batch must be at least 1, got " + std::to_string(o.micro_batch));
+  }
+  global_batch_ = o.micro_batch * o.world_size;
+  if (global_batch_ > o.dataset_size) {
+    throw InvalidArgument("the global batch (" + std::to_string(o.world_size) + " replicas x " +
+                          std::to_string(o.micro_batch) + " = " + std::to_string(global_batch_) +
+                          ") is larger than the data set (" + std::to_string(o.dataset_size) +
+                          " samples); lower --micro-batch or --replicas.");
+  }
+  steps_per_epoch_ = o.dataset_size / global_batch_;
+  if (o.last_batch == LastBatch::Keep && o.dataset_size % global_batch_ != 0) ++steps_per_epoch_;
+}
+
+std::vector<std::int64_t> DistributedSampler::epoch_order(std::int64_t epoch) const {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(options_.dataset_size));
+  std::iota(order.begin(), order.end(), 0);
+  if (!options_.shuffle) return order;
+  std::mt19937_64 rng(options_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch) + 1);
+  for (std::size_t i = order.size() - 1; i > 0; --i) {
+    std::swap(order[i], order[uniform_below(rng, i + 1)]);
+  }
+  return order;
+}
+
+Shard DistributedSampler::shard(std::int64_t step, int rank) const {
+  LOCKSTEP_CHECK(step >= 0 && step < steps_per_epoch_, "step outside the epoch");
+  LOCKSTEP_CHECK(rank >= 0 && rank < options_.world_size, "rank outside the group");
+  const std::int64_t start = step * global_batch_;
+  const std::int64_t count = std::min(global_batch_, options_.dataset_size - start);
+  const std::int64_t n = options_.world_size;
+  // Equal shards when count == B; otherwise as even as possible, contiguous.
+  return {start + count * rank / n, start + count * (rank + 1) / n, count};
+}
+
+}  // namespace lockstep::ddp

@@ -1,0 +1,40 @@
+#include "lockstep/nn/arena.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "lockstep/error.h"
+
+namespace lockstep::nn {
+
+const TensorSpec& Layout::add(std::string name, std::vector<std::int64_t> shape) {
+  if (find(name) != nullptr) throw InvalidArgument("tensor name '" + name + "' is used twice");
+  std::size_t numel = 1;
+  for (auto d : shape) {
+    if (d <= 0) throw InvalidArgument("tensor '" + name + "' has a non-positive dimension");
+    numel *= static_cast<std::size_t>(d);
+  }
+  tensors_.push_back({std::move(name), std::move(shape), numel_, numel});
+  numel_ += numel;
+  return tensors_.back();
+}
+
+const TensorSpec* Layout::find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void Arena::Free::operator()(float* p) const { std::free(p); }
+
+Arena::Arena(std::size_t numel) : numel_(numel) {
+  const std::size_t bytes = ((numel * sizeof(float) + 63) / 64) * 64;
+  if (bytes == 0) return;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  data_.reset(static_cast<float*>(p));
+}
+
+}  // namespace lockstep::nn

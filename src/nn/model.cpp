@@ -1,0 +1,113 @@
+#include "lockstep/nn/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "lockstep/error.h"
+
+namespace lockstep::nn {
+
+Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
+  if (layers_.empty()) throw InvalidArgument("a model needs at least one layer");
+  for (std::size_t i = 1; i < layers_.size(); ++i) {
+    if (layers_[i]->in_features() != layers_[i - 1]->out_features()) {
+      throw InvalidArgument("layer " + std::to_string(i) + " (" + layers_[i]->describe() +
+                            ") does not accept the output of " + layers_[i - 1]->describe());
+    }
+  }
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    for (auto& p : layers_[i]->params()) layout_.add(std::to_string(i) + "." + p.name, p.shape);
+  params_ = Arena(layout_.numel());
+  grads_ = Arena(layout_.numel());
+  std::size_t t = 0;
+  for (auto& layer : layers_) {
+    std::vector<float*> p, g;
+    for (std::size_t k = 0; k < layer->params().size(); ++k, ++t) {
+      p.push_back(params_.view(layout_.tensors()[t]).data());
+      g.push_back(grads_.view(layout_.tensors()[t]).data());
+    }
+    layer->bind(p, g);
+  }
+  acts_.resize(layers_.size());
+}
+
+std::int64_t Model::in_features() const { return layers_.front()->in_features(); }
+std::int64_t Model::out_features() const { return layers_.back()->out_features(); }
+
+void Model::init(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (auto& layer : layers_) layer->init(rng);
+}
+
+void Model::reserve(std::int64_t batch) {
+  if (batch <= capacity_) return;
+  capacity_ = batch;
+  std::int64_t widest = in_features();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    acts_[i].resize(static_cast<std::size_t>(batch * layers_[i]->out_features()));
+    widest = std::max(widest, layers_[i]->out_features());
+  }
+  for (auto& d : dbuf_) d.resize(static_cast<std::size_t>(batch * widest));
+}
+
+std::span<const float> Model::forward(std::span<const float> x, std::int64_t batch) {
+  LOCKSTEP_CHECK(x.size() == static_cast<std::size_t>(batch * in_features()),
+                 "forward input has the wrong size");
+  reserve(std::max<std::int64_t>(batch, 1));
+  input_ = x.data();
+  const float* in = input_;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->forward(in, acts_[i].data(), batch);
+    in = acts_[i].data();
+  }
+  return {acts_.back().data(), static_cast<std::size_t>(batch * out_features())};
+}
+
+void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate) {
+  LOCKSTEP_CHECK(batch <= capacity_, "backward without a matching forward");
+  LOCKSTEP_CHECK(dlogits.size() == static_cast<std::size_t>(batch * out_features()),
+                 "dlogits has the wrong size");
+  const float* dy = dlogits.data();
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    const float* x = i == 0 ? input_ : acts_[i - 1].data();
+    float* dx = i == 0 ? nullptr : dbuf_[i % 2].data();
+    layers_[i]->backward(x, acts_[i].data(), dy, dx, batch, accumulate);
+    dy = dx;
+  }
+}
+
+double Model::forward_flops_per_sample() const {
+  double f = 0;
+  for (auto& l : layers_) f += l->forward_flops(1);
+  return f;
+}
+
+double Model::train_flops_per_sample() const {
+  double f = forward_flops_per_sample();
+  for (std::size_t i = 0; i < layers_.size(); ++i) f += layers_[i]->backward_flops(1, i != 0);
+  return f;
+}
+
+std::string Model::describe() const {
+  std::string s;
+  for (std::size_t i = 0; i < layers_.size(); ++i) s += (i ? " -> " : "") + layers_[i]->describe();
+  return s;
+}
+
+std::unique_ptr<Model> make_mlp(std::int64_t in_features, std::span<const std::int64_t> hidden,
+                                std::int64_t classes) {
+  if (in_features <= 0 || classes <= 0) throw InvalidArgument("an MLP needs positive in/out sizes");
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::int64_t prev = in_features;
+  for (auto h : hidden) {
+    if (h <= 0) throw InvalidArgument("hidden layer widths must be positive, got " + std::to_string(h));
+    layers.push_back(make_linear(prev, h));
+    layers.push_back(make_relu(h));
+    prev = h;
+  }
+  layers.push_back(make_linear(prev, classes));
+  return std::make_unique<Model>(std::move(layers));
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,61 @@
+// AdamW (decoupled weight decay): torch.optim.AdamW, single-tensor path.
+// One pass over P floats: reads w, g, m, v; writes w, m, v.
+#include <cmath>
+#include <string>
+
+#include "lockstep/error.h"
+#include "lockstep/optim/optimizer.h"
+
+namespace lockstep::optim {
+namespace {
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::size_t numel, const AdamWOptions& o) : Optimizer(numel, 2), o_(o) {}
+
+  std::string describe() const override {
+    return "AdamW(betas=(" + std::to_string(o_.beta1) + ", " + std::to_string(o_.beta2) +
+           "), eps=" + std::to_string(o_.eps) + ", weight_decay=" + std::to_string(o_.weight_decay) + ")";
+  }
+  std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+  void step(std::span<float> params, std::span<const float> grads, float lr) override {
+    LOCKSTEP_CHECK(params.size() == numel_ && grads.size() == numel_, "AdamW sizes differ");
+    ++steps_;
+    float* w = params.data();
+    const float* g = grads.data();
+    float* m = state_.span().data();
+    float* v = m + numel_;
+    const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps;
+    const float decay = 1.0f - lr * o_.weight_decay;
+    const double t = static_cast<double>(steps_);
+    const float bc1 = static_cast<float>(1.0 - std::pow(double(b1), t));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(b2), t)));
+    const float step_size = lr / bc1;
+    const std::size_t n = numel_;
+    for (std::size_t i = 0; i < n; ++i) {
+      w[i] *= decay;
+      m[i] += (g[i] - m[i]) * (1.0f - b1);
+      v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+      w[i] -= step_size * m[i] / denom;
+    }
+  }
+
+ private:
+  AdamWOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw(std::size_t numel, const AdamWOptions& options) {
+  if (options.beta1 < 0 || options.beta1 >= 1 || options.beta2 < 0 || options.beta2 >= 1) {
+    throw InvalidArgument("AdamW betas must lie in [0, 1)");
+  }
+  if (options.eps <= 0 || options.weight_decay < 0) {
+    throw InvalidArgument("AdamW eps must be positive and weight decay not negative");
+  }
+  return std::make_unique<AdamW>(numel, options);
+}
+
+}  // namespace lockstep::optim

@@ -1,0 +1,14 @@
+#include <cmath>
+#include <numbers>
+
+#include "lockstep/optim/optimizer.h"
+
+namespace lockstep::optim {
+
+float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps) {
+  if (schedule == Schedule::Constant || total_steps <= 0) return base;
+  const double progress = static_cast<double>(step) / static_cast<double>(total_steps);
+  return static_cast<float>(base * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+}
+
+}  // namespace lockstep::optim

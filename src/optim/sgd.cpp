@@ -1,0 +1,67 @@
+// SGD with momentum, dampening, weight decay and Nesterov: torch.optim.SGD.
+// One pass over P floats: reads w, g, buf; writes w, buf.
+#include <string>
+
+#include "lockstep/error.h"
+#include "lockstep/optim/optimizer.h"
+
+namespace lockstep::optim {
+namespace {
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::size_t numel, const SgdOptions& o) : Optimizer(numel, o.momentum != 0.0f ? 1 : 0), o_(o) {}
+
+  std::string describe() const override {
+    return "SGD(momentum=" + std::to_string(o_.momentum) + ", weight_decay=" +
+           std::to_string(o_.weight_decay) + (o_.nesterov ? ", nesterov" : "") + ")";
+  }
+  std::vector<std::string> slot_names() const override {
+    if (o_.momentum == 0.0f) return {};
+    return {"momentum_buffer"};
+  }
+
+  void step(std::span<float> params, std::span<const float> grads, float lr) override {
+    LOCKSTEP_CHECK(params.size() == numel_ && grads.size() == numel_, "SGD sizes differ");
+    float* w = params.data();
+    const float* g = grads.data();
+    float* buf = state_.span().data();
+    const float wd = o_.weight_decay, mu = o_.momentum, damp = 1.0f - o_.dampening;
+    const bool first = steps_ == 0;
+    const std::size_t n = numel_;
+    if (mu == 0.0f) {
+      for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+    } else if (first) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        buf[i] = d;
+        w[i] -= lr * (o_.nesterov ? d + mu * d : d);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        const float b = mu * buf[i] + damp * d;
+        buf[i] = b;
+        w[i] -= lr * (o_.nesterov ? d + mu * b : b);
+      }
+    }
+    ++steps_;
+  }
+
+ private:
+  SgdOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_sgd(std::size_t numel, const SgdOptions& options) {
+  if (options.momentum < 0 || options.weight_decay < 0) {
+    throw InvalidArgument("SGD momentum and weight decay must not be negative");
+  }
+  if (options.nesterov && (options.momentum == 0.0f || options.dampening != 0.0f)) {
+    throw InvalidArgument("Nesterov momentum needs a momentum > 0 and zero dampening");
+  }
+  return std::make_unique<Sgd>(numel, options);
+}
+
+}  // namespace lockstep::optim

@@ -1,0 +1,106 @@
+#include "lockstep/train/report.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace lockstep::train {
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB"};
+  int u = 0;
+  while (b >= 1000 && u < 3) b /= 1000, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+std::uint64_t gradient_bytes_per_step(const TrainResult& r) {
+  return r.steps > 0 && !r.traffic.empty() ? r.traffic[0].gradients / r.steps : 0;
+}
+
+}  // namespace
+
+std::string summary_text(const TrainConfig& c, const TrainResult& r) {
+  char line[512];
+  std::string s;
+  std::snprintf(line, sizeof line, "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
+                (long long)r.replicas, (long long)r.micro_batch, (long long)r.global_batch,
+                (long long)r.steps, (long long)r.epochs_run);
+  s += line;
+  s += "  model        " + r.model_description + " (" + std::to_string(r.param_count) + " parameters)\n";
+  s += "  replicated   per replica: weights " + human_bytes(double(r.weight_bytes)) + ", gradients " +
+       human_bytes(double(r.grad_bytes)) + ", optimizer state " + human_bytes(double(r.optimizer_state_bytes)) +
+       " (" + r.optimizer_description + ")\n";
+  std::snprintf(line, sizeof line,
+                "  split        each step's %lld samples are cut into %lld disjoint micro-batches of %lld; "
+                "each replica saw %lld samples in all\n",
+                (long long)r.global_batch, (long long)r.replicas, (long long)r.micro_batch,
+                (long long)(r.samples_seen / std::max<std::int64_t>(1, r.replicas)));
+  s += line;
+  s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
+       " of gradients sent in one all-reduce (2P(N-1)/N = " +
+       human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
+  s += "               weights: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].init_broadcast)) +
+       " broadcast once from rank 0 at start, 0 B after; activations: " +
+       human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) + "\n";
+  std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
+  s += line;
+  if (r.test_accuracy) {
+    std::snprintf(line, sizeof line, ", test accuracy %.4f", *r.test_accuracy);
+    s += line;
+  }
+  std::snprintf(line, sizeof line, ", %.0f samples/s", r.samples_per_s);
+  s += line;
+  if (r.mfu > 0) {
+    std::snprintf(line, sizeof line, ", MFU %.2f", r.mfu);
+    s += line;
+  }
+  return s + "\n";
+}
+
+std::string report_json(const TrainConfig& c, const TrainResult& r) {
+  nlohmann::json j;
+  j["replicas"] = r.replicas;
+  j["micro_batch"] = r.micro_batch;
+  j["global_batch"] = r.global_batch;
+  j["steps"] = r.steps;
+  j["epochs"] = r.epochs_run;
+  j["final_loss"] = r.final_loss;
+  j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();
+  j["epoch_test_accuracy"] = r.epoch_test_accuracy;
+  j["samples_per_s"] = r.samples_per_s;
+  j["mfu"] = r.mfu;
+  j["train_seconds"] = r.train_seconds;
+  j["flops_per_sample"] = r.flops_per_sample;
+  j["model"] = r.model_description;
+  j["optimizer"] = r.optimizer_description;
+  j["parameters"] = r.param_count;
+  j["config"] = {{"lr", c.lr},
+                 {"momentum", c.momentum},
+                 {"weight_decay", c.weight_decay},
+                 {"seed", c.seed},
+                 {"shuffle", c.shuffle},
+                 {"schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"}};
+  const auto& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
+  j["bytes"] = {{"weights_per_replica", r.weight_bytes},
+                {"grads_per_replica", r.grad_bytes},
+                {"optimizer_state_per_replica", r.optimizer_state_bytes},
+                {"allreduce_per_step_per_replica", r.allreduce_bytes_per_step_formula},
+                {"measured_gradient_bytes_sent_per_step_per_replica", gradient_bytes_per_step(r)},
+                {"weights_broadcast_at_init", t0.init_broadcast},
+                {"weights_exchanged_after_init", t0.unaccounted},
+                {"activations_communicated", t0.unaccounted},
+                {"control_bytes", t0.control}};
+  nlohmann::json per = nlohmann::json::array();
+  for (const auto& t : r.traffic) {
+    per.push_back({{"init_broadcast", t.init_broadcast},
+                   {"gradients", t.gradients},
+                   {"control", t.control},
+                   {"unaccounted", t.unaccounted}});
+  }
+  j["bytes"]["per_replica_sent"] = per;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace lockstep::train
