@@ -5,13 +5,10 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "blas_setup.h"
 #include "commands.h"
 #include "lockstep/error.h"
 
 int main(int argc, char** argv) {
-  lockstep::cli::maybe_reexec_for_blas(argv);
-
   CLI::App app{"lockstep: synchronous data-parallel training with N replicas in lockstep", "lockstep"};
   app.set_version_flag("--version", std::string("lockstep ") + LOCKSTEP_VERSION);
   app.require_subcommand(1);
