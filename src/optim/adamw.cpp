@@ -1,6 +1,7 @@
 // AdamW (decoupled weight decay): torch.optim.AdamW, single-tensor path.
 // One pass over P floats: reads w, g, m, v; writes w, m, v.
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "lockstep/error.h"
@@ -14,8 +15,10 @@ class AdamW final : public Optimizer {
   AdamW(std::size_t numel, const AdamWOptions& o) : Optimizer(numel, 2), o_(o) {}
 
   std::string describe() const override {
-    return "AdamW(betas=(" + std::to_string(o_.beta1) + ", " + std::to_string(o_.beta2) +
-           "), eps=" + std::to_string(o_.eps) + ", weight_decay=" + std::to_string(o_.weight_decay) + ")";
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "AdamW(betas=(%g, %g), eps=%g, weight_decay=%g)", o_.beta1, o_.beta2,
+                  o_.eps, o_.weight_decay);
+    return buf;
   }
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 

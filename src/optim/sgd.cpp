@@ -1,5 +1,6 @@
 // SGD with momentum, dampening, weight decay and Nesterov: torch.optim.SGD.
 // One pass over P floats: reads w, g, buf; writes w, buf.
+#include <cstdio>
 #include <string>
 
 #include "lockstep/error.h"
@@ -13,8 +14,10 @@ class Sgd final : public Optimizer {
   Sgd(std::size_t numel, const SgdOptions& o) : Optimizer(numel, o.momentum != 0.0f ? 1 : 0), o_(o) {}
 
   std::string describe() const override {
-    return "SGD(momentum=" + std::to_string(o_.momentum) + ", weight_decay=" +
-           std::to_string(o_.weight_decay) + (o_.nesterov ? ", nesterov" : "") + ")";
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "SGD(momentum=%g, weight_decay=%g%s)", o_.momentum, o_.weight_decay,
+                  o_.nesterov ? ", nesterov" : "");
+    return buf;
   }
   std::vector<std::string> slot_names() const override {
     if (o_.momentum == 0.0f) return {};

@@ -41,8 +41,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
-  s += "               weights: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].init_broadcast)) +
-       " broadcast once from rank 0 at start, 0 B after; activations: " +
+  s += "               weights: broadcast once at start (each replica received " +
+       human_bytes(double(r.weight_bytes)) + "), 0 B after; activations: " +
        human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) + "\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
