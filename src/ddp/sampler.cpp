@@ -22,7 +22,9 @@ std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
 }  // namespace
 
 DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
-  if (o.dataset_size <= 0) throw InvalidArgument("the data set is empty");
+  if (o.dataset_size <= 0) {
+    throw InvalidArgument("the data set is empty (" + std::to_string(o.dataset_size) + " samples)");
+  }
   if (o.world_size < 1) {
     throw InvalidArgument("the number of replicas must be at least 1, got " + std::to_string(o.world_size));
   }

@@ -33,10 +33,13 @@ class Linear final : public Layer {
     db_ = grads[1];
   }
   void init(std::mt19937_64& rng) override {
+    // U(-bound, bound) from the top 24 bits of each draw: the same values with
+    // every standard library (std::uniform_real_distribution is not specified
+    // bit for bit).
     const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
-    std::uniform_real_distribution<float> u(-bound, bound);
-    for (std::int64_t i = 0; i < out_ * in_; ++i) w_[i] = u(rng);
-    for (std::int64_t i = 0; i < out_; ++i) b_[i] = u(rng);
+    auto u = [&] { return (static_cast<float>(rng() >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * bound; };
+    for (std::int64_t i = 0; i < out_ * in_; ++i) w_[i] = u();
+    for (std::int64_t i = 0; i < out_; ++i) b_[i] = u();
   }
 
   void forward(const float* x, float* y, std::int64_t batch) override {

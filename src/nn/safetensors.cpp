@@ -8,13 +8,12 @@
 #include <bit>
 #include <cerrno>
 #include <functional>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <system_error>
 #include <thread>
 #include <tuple>
-#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "lockstep/error.h"
@@ -95,12 +94,12 @@ std::string build_header(std::span<const TensorRef> tensors,
     h.back() = '}';
     h += ",";
   }
-  std::unordered_map<std::string_view, int> seen;
+  std::unordered_set<std::string_view> seen;
   std::uint64_t offset = 0;
   for (const TensorRef& t : tensors) {
     if (t.name == kMetadataKey)
       throw InvalidArgument("safetensors: \"__metadata__\" is reserved and cannot name a tensor.");
-    if (!seen.emplace(t.name, 0).second)
+    if (!seen.insert(t.name).second)
       throw InvalidArgument("safetensors: two tensors are named " + show(t.name) + ".");
     const std::uint64_t end = offset + checked_count(t) * kFloatBytes;
     h += json_string(t.name, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[";
@@ -143,86 +142,159 @@ struct Entry {
   std::size_t order = 0;  // position in the header
 };
 
-// Parses the header, rejecting on the fly anything nested deeper than a safetensors
-// header can be (so a hostile header cannot blow up into millions of containers)
-// and recording the order of the top-level names.
-Json parse_header(const fs::path& path, const std::string& text,
-                  std::unordered_map<std::string, std::size_t>& order) {
-  std::string top_key;
-  auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    using E = Json::parse_event_t;
-    const bool starts = event == E::object_start || event == E::array_start;
-    if (depth == 0 && event != E::object_start && (starts || event == E::value))
-      fail(path, "header is not a JSON object; the file is not a safetensors file.");
-    if (depth == 1 && event == E::key) {
-      top_key = parsed.get<std::string>();
-      if (!order.emplace(top_key, order.size()).second)
-        fail(path, "header lists " + show(top_key) + " twice.");
+// Turns the header's SAX events into entries, checking the layout as it goes: a hostile
+// header fails at its first defect and costs no more memory than the entries it declares.
+// Nesting deeper than a safetensors header has (object > entry > list > number) is rejected.
+class HeaderReader {
+ public:
+  HeaderReader(const fs::path& path, std::uint64_t data_size,
+               std::map<std::string, std::string>& metadata)
+      : path_(path), data_size_(data_size), metadata_(metadata) {}
+  std::vector<Entry> entries;
+
+  bool start_object(std::size_t) {
+    if (depth_ >= 2) return misplaced("an object");
+    if (depth_++ == 1) {
+      dtype_.reset();
+      shape_.reset();
+      offsets_.reset();
     }
-    if (depth == 1 && (event == E::value || event == E::array_start))
-      fail(path, "header entry " + show(top_key) + " is not a JSON object.");
-    const bool metadata = top_key == kMetadataKey;
-    if (starts && (depth >= 3 || (depth == 2 && (event == E::object_start || metadata))))
-      fail(path, "header entry " + show(top_key) + " contains nested " +
-                     (event == E::object_start ? "objects" : "arrays") +
-                     ", which a safetensors header never has.");
     return true;
-  };
-  try {
-    return Json::parse(text, check);
-  } catch (const Json::exception& e) {  // parse errors and number overflow
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    fail(path, "header is not valid JSON (" + what + ").");
   }
-}
+  bool end_object() {
+    if (--depth_ == 1 && !in_metadata()) finish_entry();
+    return true;
+  }
+  bool key(std::string& k) {
+    if (depth_ == 2) {
+      field_ = k;
+    } else {
+      if (!names_.insert(k).second) fail(path_, "header lists " + show(k) + " twice.");
+      top_key_ = k;
+    }
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (depth_ != 2 || in_metadata()) return misplaced("a list");
+    numbers_.clear();
+    ++depth_;
+    return true;
+  }
+  bool end_array() {
+    --depth_;
+    if (field_ == "shape") shape_ = numbers_;
+    if (field_ == "data_offsets") offsets_ = numbers_;
+    return true;
+  }
+  bool string(std::string& s) {
+    if (depth_ == 2 && in_metadata()) {
+      if (metadata_.size() >= kMaxMetadataEntries)
+        fail(path_, "metadata has more than " + std::to_string(kMaxMetadataEntries) + " entries.");
+      metadata_.insert_or_assign(field_, s);
+      return true;
+    }
+    if (depth_ != 2 || field_ != "dtype") return misplaced("a string");
+    dtype_ = s;
+    return true;
+  }
+  bool number_unsigned(std::uint64_t v) {
+    if (depth_ != 3) return misplaced("a number");
+    numbers_.push_back(v);
+    return true;
+  }
+  bool number_integer(std::int64_t v) {  // only negative integers arrive here
+    return misplaced("a negative number (" + std::to_string(v) + ")");
+  }
+  bool number_float(double, const std::string&) { return misplaced("a non-integer number"); }
+  bool boolean(bool) { return misplaced("a boolean"); }
+  bool null() { return misplaced("null"); }
+  bool binary(Json::binary_t&) { return misplaced("binary data"); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at ..."
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    fail(path_, "header is not valid JSON (" + what + ").");
+  }
 
-std::uint64_t to_u64(const fs::path& path, const Json& v, const std::string& where,
-                     std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
-  if (v.is_number_integer() && !v.is_number_unsigned())
-    fail(path, where + " is negative (" + v.dump() + ").");
-  if (!v.is_number_unsigned()) fail(path, where + " is not a non-negative integer.");
-  if (v.get<std::uint64_t>() > max) fail(path, where + " is too large (" + v.dump() + ").");
-  return v.get<std::uint64_t>();
-}
+ private:
+  static constexpr std::size_t kMaxMetadataEntries = 1 << 16;
+  bool in_metadata() const { return top_key_ == kMetadataKey; }
+  bool known_field() const {
+    return field_ == "dtype" || field_ == "shape" || field_ == "data_offsets";
+  }
+  std::string who() const { return "tensor " + show(top_key_); }
 
-Entry parse_entry(const fs::path& path, const std::string& name, const Json& v,
-                  std::uint64_t data_size) {
-  Entry e{name, {}};
-  const std::string who = "tensor " + show(name);
-  for (const char* field : {"dtype", "shape", "data_offsets"})
-    if (!v.contains(field)) fail(path, who + " has no \"" + field + "\" field.");
-  const Json& dtype = v["dtype"];
-  if (!dtype.is_string()) fail(path, who + " has a dtype that is not a string.");
-  if (dtype.get<std::string>() != "F32")
-    fail(path, who + " has dtype " + show(dtype.get<std::string>()) + "; only F32 is supported.");
+  // A value where the layout does not allow it: ignored in unknown fields of a tensor
+  // entry (as the reference implementation does), an error everywhere else.
+  bool misplaced(const std::string& what) {
+    if (depth_ == 0)
+      fail(path_, "header is not a JSON object; the file is not a safetensors file.");
+    if (depth_ == 1)
+      fail(path_, "header entry " + show(top_key_) + " is " + what + ", not an object.");
+    if (in_metadata())
+      fail(path_, "metadata value for " + show(field_) + " is " + what + ", not a string.");
+    const bool container = what == "an object" || what == "a list";
+    if (!container && !known_field()) return true;
+    const std::string field = "\"" + field_ + "\"";
+    if (container)
+      fail(path_, who() + " has " + what + (depth_ == 2 ? " as its " : " inside its ") + field +
+                      " field; a safetensors header never nests this deep.");
+    if (depth_ == 2) fail(path_, who() + " has " + what + " as its " + field + ".");
+    fail(path_,
+         who() + " has " + what + " in its " + field + "; only non-negative integers are allowed.");
+  }
 
-  const Json& shape = v["shape"];
-  if (!shape.is_array()) fail(path, who + " has a shape that is not a list.");
-  for (const Json& d : shape)
-    e.shape.push_back(static_cast<std::int64_t>(to_u64(path, d, who + ": dimension", INT64_MAX)));
-  const std::optional<std::uint64_t> count = element_count(e.shape);
-  e.count = count.value_or(0);
-  if (!count || e.count > data_size / kFloatBytes)
-    fail(path, who + " has shape " + shape.dump() + ", more values than the data section (" +
-                   std::to_string(data_size) + " bytes) holds.");
+  void finish_entry() {
+    for (const auto& [present, field] :
+         {std::pair{dtype_.has_value(), "dtype"}, std::pair{shape_.has_value(), "shape"},
+          std::pair{offsets_.has_value(), "data_offsets"}})
+      if (!present) fail(path_, who() + " has no \"" + field + "\" field.");
+    if (*dtype_ != "F32")
+      fail(path_, who() + " has dtype " + show(*dtype_) + "; only F32 is supported.");
+    Entry e{top_key_, {}};
+    e.order = entries.size();
+    for (std::uint64_t d : *shape_) {
+      if (d > INT64_MAX)
+        fail(path_, who() + " has dimension " + std::to_string(d) + ", which is too large.");
+      e.shape.push_back(static_cast<std::int64_t>(d));
+    }
+    const std::string shape = "[" + join(*shape_) + "]", range = "[" + join(*offsets_) + "]";
+    const std::optional<std::uint64_t> count = element_count(e.shape);
+    e.count = count.value_or(0);
+    if (!count || e.count > data_size_ / kFloatBytes)
+      fail(path_, who() + " has shape " + shape + ", more values than the data section (" +
+                      std::to_string(data_size_) + " bytes) holds.");
+    if (offsets_->size() != 2)
+      fail(path_, who() + " has data_offsets " + range + ", not a [begin, end] pair.");
+    e.begin = (*offsets_)[0];
+    e.end = (*offsets_)[1];
+    if (e.end < e.begin)
+      fail(path_, who() + " has data_offsets " + range + " with end before begin.");
+    if (e.end > data_size_)
+      fail(path_, who() + " has data_offsets " + range + " past the end of the data section (" +
+                      std::to_string(data_size_) + " bytes); the file is truncated or corrupt.");
+    if (e.end - e.begin != e.count * kFloatBytes)
+      fail(path_, who() + " has shape " + shape + " (" + std::to_string(e.count * kFloatBytes) +
+                      " bytes of F32) but data_offsets " + range + " span " +
+                      std::to_string(e.end - e.begin) + " bytes.");
+    entries.push_back(std::move(e));
+  }
 
-  const Json& offsets = v["data_offsets"];
-  if (!offsets.is_array() || offsets.size() != 2)
-    fail(path, who + " has data_offsets that are not a [begin, end] pair.");
-  e.begin = to_u64(path, offsets[0], who + ": data_offsets begin");
-  e.end = to_u64(path, offsets[1], who + ": data_offsets end");
-  const std::string range = offsets.dump();
-  if (e.end < e.begin) fail(path, who + " has data_offsets " + range + " with end before begin.");
-  if (e.end > data_size)
-    fail(path, who + " has data_offsets " + range + " past the end of the data section (" +
-                   std::to_string(data_size) + " bytes); the file is truncated or corrupt.");
-  if (e.end - e.begin != e.count * kFloatBytes)
-    fail(path, who + " has shape " + shape.dump() + " (" + std::to_string(e.count * kFloatBytes) +
-                   " bytes of F32) but data_offsets " + range + " span " +
-                   std::to_string(e.end - e.begin) + " bytes.");
-  return e;
-}
+  static std::string join(const std::vector<std::uint64_t>& v) {
+    std::string s;
+    for (std::uint64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  }
+
+  const fs::path& path_;
+  const std::uint64_t data_size_;
+  std::map<std::string, std::string>& metadata_;
+  int depth_ = 0;
+  std::string top_key_, field_;
+  std::unordered_set<std::string> names_;
+  std::optional<std::string> dtype_;
+  std::optional<std::vector<std::uint64_t>> shape_, offsets_;
+  std::vector<std::uint64_t> numbers_;
+};
 
 // Reads exactly `size` bytes at `offset`; `what` names them if the file ends first.
 void read_at(const fs::path& path, int fd, void* out, std::size_t size, std::uint64_t offset,
@@ -262,21 +334,9 @@ std::vector<Entry> read_header(const fs::path& path, int fd, std::uint64_t file_
   read_at(path, fd, text.data(), text.size(), 8, "the header");
   data_start = 8 + header_size;
 
-  std::unordered_map<std::string, std::size_t> order;
-  const Json header = parse_header(path, text, order);
-  std::vector<Entry> entries;
-  for (const auto& [name, value] : header.items()) {
-    if (name != kMetadataKey) {
-      entries.push_back(parse_entry(path, name, value, file_size - data_start));
-      entries.back().order = order.at(name);
-      continue;
-    }
-    for (const auto& [key, v] : value.items()) {
-      if (!v.is_string()) fail(path, "metadata value for " + show(key) + " is not a string.");
-      metadata.emplace(key, v.get<std::string>());
-    }
-  }
-  return entries;
+  HeaderReader reader(path, file_size - data_start, metadata);
+  Json::sax_parse(text, &reader);
+  return std::move(reader.entries);
 }
 
 // Sorts entries by position and checks they tile the data section exactly.

@@ -1,0 +1,133 @@
+#include "lockstep/nn/weights_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lockstep/error.h"
+#include "lockstep/nn/model.h"
+#include "lockstep/nn/safetensors.h"
+
+namespace lockstep::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+class WeightsFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifdef LOCKSTEP_TEST_TMPDIR
+    const fs::path base = LOCKSTEP_TEST_TMPDIR;
+#else
+    const fs::path base = fs::temp_directory_path();
+#endif
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = base / ("weights_file_test_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static std::unique_ptr<Model> mlp(std::vector<std::int64_t> hidden, std::uint64_t seed) {
+    auto m = make_mlp(20, hidden, 4);
+    m->init(seed);
+    return m;
+  }
+
+  // Runs load_weights and returns the IoError's message ("" if none thrown).
+  static std::string load_error(const fs::path& p, const Layout& layout) {
+    try {
+      load_weights(p, layout);
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(WeightsFileTest, RoundTripIsBitwise) {
+  auto model = mlp({8, 6}, 42);
+  // Include values that a lossy path (text, half precision) would not keep.
+  auto p = model->params();
+  p[0] = 1e-38f;
+  p[1] = -0.0f;
+  p[2] = 3.4e38f;
+  p[3] = 0.1f;
+  const fs::path file = dir_ / "w.safetensors";
+  save_weights(file, model->layout(), model->params(), {{"format", "pt"}});
+  const auto loaded = load_weights(file, model->layout());
+  ASSERT_EQ(loaded.size(), model->params().size());
+  EXPECT_EQ(0, std::memcmp(loaded.data(), model->params().data(), loaded.size() * sizeof(float)));
+
+  // The file holds PyTorch names and shapes, values in layout order.
+  const auto raw = load_safetensors(file);
+  ASSERT_EQ(raw.tensors.size(), model->layout().tensors().size());
+  for (const auto& t : model->layout().tensors()) {
+    const TensorData* d = nullptr;
+    for (const auto& x : raw.tensors)
+      if (x.name == t.name) d = &x;
+    ASSERT_NE(d, nullptr) << t.name;
+    EXPECT_EQ(d->shape, t.shape);
+    ASSERT_EQ(d->data.size(), t.numel);
+    EXPECT_EQ(0, std::memcmp(d->data.data(), model->params().data() + t.offset, t.numel * sizeof(float)));
+  }
+  EXPECT_EQ(raw.metadata.at("format"), "pt");
+
+  // A second model loads the same values into its own arena.
+  auto other = mlp({8, 6}, 7);
+  const auto into_other = load_weights(file, other->layout());
+  EXPECT_EQ(into_other, loaded);
+}
+
+TEST_F(WeightsFileTest, DifferentHiddenWidthThrowsNamingTheTensor) {
+  auto saved = mlp({8}, 1);
+  const fs::path file = dir_ / "w.safetensors";
+  save_weights(file, saved->layout(), saved->params());
+  auto wider = mlp({9}, 1);
+  const std::string msg = load_error(file, wider->layout());
+  ASSERT_FALSE(msg.empty()) << "a file from another hidden width must not load";
+  EXPECT_NE(msg.find("'0.weight'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 20]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[9, 20]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
+}
+
+TEST_F(WeightsFileTest, MissingTensorThrowsNamingIt) {
+  auto saved = mlp({8}, 1);  // tensors 0.*, 2.*
+  const fs::path file = dir_ / "w.safetensors";
+  save_weights(file, saved->layout(), saved->params());
+  auto deeper = mlp({8, 4}, 1);  // 0.*, 2.* (same shapes: 4 classes), 4.*
+  const std::string msg = load_error(file, deeper->layout());
+  ASSERT_FALSE(msg.empty());
+  EXPECT_NE(msg.find("'4.weight'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+}
+
+TEST_F(WeightsFileTest, ExtraTensorThrowsNamingIt) {
+  auto model = mlp({8}, 1);
+  const fs::path file = dir_ / "w.safetensors";
+  // Every tensor of the model, plus one more.
+  Layout bigger;
+  for (const auto& t : model->layout().tensors()) bigger.add(t.name, t.shape);
+  bigger.add("extra.weight", {3, 2});
+  std::vector<float> values(bigger.numel(), 0.5f);
+  std::copy(model->params().begin(), model->params().end(), values.begin());
+  save_weights(file, bigger, values);
+  const std::string msg = load_error(file, model->layout());
+  ASSERT_FALSE(msg.empty()) << "a file with an extra tensor must not load";
+  EXPECT_NE(msg.find("'extra.weight'"), std::string::npos) << msg;
+}
+
+TEST_F(WeightsFileTest, MissingFileThrowsIoError) {
+  auto model = mlp({8}, 1);
+  EXPECT_THROW(load_weights(dir_ / "absent.safetensors", model->layout()), IoError);
+}
+
+}  // namespace
+}  // namespace lockstep::nn
