@@ -21,6 +21,7 @@ const char* to_string(Algorithm algorithm) {
     case Algorithm::Auto: return "auto";
     case Algorithm::Ring: return "ring";
     case Algorithm::Naive: return "naive";
+    case Algorithm::SharedMemory: return "shared_memory";
   }
   return "?";
 }
@@ -34,7 +35,22 @@ void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions
     case Algorithm::Naive:
       detail::naive_allreduce(comm, data, options.op);
       return;
-    case Algorithm::Auto:  // Ring is the only bandwidth-optimal algorithm so far.
+    case Algorithm::SharedMemory:
+      if (auto* native = comm.native_allreduce()) {
+        native->allreduce(data, options.op);
+        return;
+      }
+      throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
+    case Algorithm::Auto:
+      // Where the backend shares memory, its native path moves the least
+      // memory and synchronises twice instead of 2(N-1) times
+      // (docs/algorithms.md). Otherwise the ring, which is bandwidth-optimal.
+      if (auto* native = comm.native_allreduce()) {
+        native->allreduce(data, options.op);
+        return;
+      }
+      detail::ring_allreduce(comm, data, options.op);
+      return;
     case Algorithm::Ring:
       detail::ring_allreduce(comm, data, options.op);
       return;

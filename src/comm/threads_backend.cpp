@@ -16,40 +16,14 @@
 
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "threads_hub.h"
 
 namespace lockstep::comm {
 namespace {
 
-enum class OpState { kParked, kCopying, kDone };
-
-struct Op {
-  int src = 0;
-  int dst = 0;
-  std::uint64_t tag = 0;
-  bool is_send = false;
-  const std::byte* send_data = nullptr;  // set for sends
-  std::byte* recv_data = nullptr;        // set for receives
-  std::size_t bytes = 0;
-  OpState state = OpState::kParked;  // guarded by Hub::mu
-};
-
-struct Hub {
-  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n) {}
-  std::mutex mu;
-  std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
-  // By destination rank. Guarded by mu.
-  std::vector<std::deque<std::shared_ptr<Op>>> parked_sends;
-  std::vector<std::deque<std::shared_ptr<Op>>> parked_recvs;
-  bool aborted = false;      // guarded by mu
-  std::string abort_reason;  // guarded by mu
-
-  void abort_locked(const std::string& reason) {
-    if (aborted) return;
-    aborted = true;
-    abort_reason = reason;
-    for (auto& c : cv) c.notify_all();
-  }
-};
+using detail::Hub;
+using detail::Op;
+using detail::OpState;
 
 std::string describe(const Op& op, int waiter) {
   if (op.is_send) {
@@ -107,7 +81,7 @@ class ThreadWork final : public Work {
   int owner_;
 };
 
-class ThreadCommunicator final : public Communicator {
+class ThreadCommunicator final : public Communicator, private NativeAllreduce {
  public:
   ThreadCommunicator(std::shared_ptr<Hub> hub, int rank, int size)
       : hub_(std::move(hub)), rank_(rank), size_(size) {}
@@ -141,11 +115,22 @@ class ThreadCommunicator final : public Communicator {
     return hub_->aborted;
   }
 
+  NativeAllreduce* native_allreduce() override { return this; }
+
   CommStats stats() const override {
     return {bytes_sent_.load(), bytes_received_.load(), messages_sent_.load()};
   }
 
  private:
+  void allreduce(std::span<float> data, ReduceOp op) override {
+    const std::uint64_t seq = next_sequence();
+    detail::shared_memory_allreduce(*hub_, rank_, data, op, timeout(), seq);
+    const std::size_t chunk = data.size() * (rank_ + 1) / size_ - data.size() * rank_ / size_;
+    const std::uint64_t sent = (data.size() - chunk + chunk * (size_ - 1)) * sizeof(float);
+    bytes_sent_ += sent;
+    bytes_received_ += sent;
+  }
+
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +

@@ -65,18 +65,23 @@ INSTANTIATE_TEST_SUITE_P(
                       GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
                       GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
                       GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
+                      GridCase{Algorithm::SharedMemory, ReduceOp::Sum},
+                      GridCase{Algorithm::SharedMemory, ReduceOp::Mean},
+                      GridCase{Algorithm::SharedMemory, ReduceOp::Max},
+                      GridCase{Algorithm::SharedMemory, ReduceOp::Min},
                       GridCase{Algorithm::Auto, ReduceOp::Mean}),
     [](const auto& info) {
       return std::string(to_string(info.param.algorithm)) + "_" + to_string(info.param.op);
     });
 
-TEST(RingAllreduce, SendsTwoPTimesNMinusOneOverNBytesPerRank) {
+TEST(Allreduce, SendsTwoPTimesNMinusOneOverNBytesPerRank) {
+  for (auto algorithm : {Algorithm::Ring, Algorithm::SharedMemory})
   for (int n : {2, 3, 8}) {
     const std::size_t count = 24 * 1000;  // divisible by every n above
     std::vector<std::uint64_t> sent(n);
     rethrow_first(run_ranks(n, [&](Communicator& comm) {
       std::vector<float> data(count, 1.0f);
-      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
       sent[comm.rank()] = comm.stats().bytes_sent;
     }));
     const std::uint64_t p = count * sizeof(float);
@@ -140,12 +145,37 @@ TEST(Failure, MissingPeerTimesOutAndLaterCallsFailAtOnce) {
 }
 
 TEST(Failure, SizeMismatchAbortsTheGroup) {
-  auto errors = run_ranks(2, [](Communicator& comm) {
-    std::vector<float> data(comm.rank() == 0 ? 10 : 11, 1.0f);
-    allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Naive});
-  });
-  EXPECT_TRUE(errors[0]);
-  EXPECT_TRUE(errors[1]);
+  for (auto algorithm : {Algorithm::Naive, Algorithm::SharedMemory}) {
+    auto errors = run_ranks(2, [&](Communicator& comm) {
+      std::vector<float> data(comm.rank() == 0 ? 10 : 11, 1.0f);
+      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
+    });
+    EXPECT_TRUE(errors[0]) << to_string(algorithm);
+    EXPECT_TRUE(errors[1]) << to_string(algorithm);
+  }
+}
+
+TEST(Failure, SharedMemoryMissingPeerTimesOutNamingTheCollective) {
+  auto errors = run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> data(10, 1.0f);
+        if (comm.rank() == 1) return;
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::SharedMemory});
+      },
+      std::chrono::milliseconds(200));
+  int timeouts = 0;
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(errors[r]);
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const TimeoutError& e) {
+      ++timeouts;
+      EXPECT_NE(std::string(e.what()).find("shared_memory_allreduce (seq 0)"), std::string::npos) << e.what();
+    } catch (const CommAborted&) {
+    }
+  }
+  EXPECT_GE(timeouts, 1);
 }
 
 }  // namespace

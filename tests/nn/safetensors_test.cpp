@@ -175,7 +175,7 @@ TEST_F(SafetensorsTest, LoadsHandBuiltUnpaddedFileInDataOrder) {
 TEST_F(SafetensorsTest, RejectsMissingAndShortFiles) {
   expect_io_error(dir_ / "missing.safetensors", "cannot open");
   write_bytes(dir_ / "short.safetensors", "abc");
-  expect_io_error(dir_ / "short.safetensors", "too short");
+  expect_io_error(dir_ / "short.safetensors", "shorter than the 8-byte");
 }
 
 TEST_F(SafetensorsTest, RejectsBadHeaderLengths) {
@@ -201,6 +201,27 @@ TEST_F(SafetensorsTest, RejectsHeadersThatAreNotSafetensorsJson) {
                   "twice");
   expect_io_error(hand_built("meta.safetensors", R"({"__metadata__":{"k":1}})", ""),
                   "not a string");
+}
+
+TEST_F(SafetensorsTest, RejectsHeadersThatWouldNeedAbsurdMemory) {
+  std::string dims = "[1";
+  for (int i = 0; i < 2000; ++i) dims += ",1";
+  expect_io_error(
+      hand_built("long_shape.safetensors",
+                 R"({"t":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,4]}})",
+                 float_bytes({1.0f})),
+      "more than 1024");
+  std::string meta = R"({"__metadata__":{)";
+  for (int i = 0; i <= 70000; ++i) meta += (i ? ",\"" : "\"") + std::to_string(i) + "\":\"\"";
+  expect_io_error(hand_built("many_meta.safetensors", meta + "}}", ""), "more than 65536");
+  // Many tensors claiming the same bytes are refused before any tensor memory is allocated.
+  std::string header = "{";
+  for (int i = 0; i < 1000; ++i)
+    header += (i ? ",\"" : "\"") + std::to_string(i) +
+              R"(":{"dtype":"F32","shape":[262144],"data_offsets":[0,1048576]})";
+  const fs::path p = hand_built("overlap_many.safetensors", header + "}", "");
+  fs::resize_file(p, fs::file_size(p) + 1048576);
+  expect_io_error(p, "overlap");
 }
 
 TEST_F(SafetensorsTest, RejectsIncompleteOrUnsupportedEntries) {

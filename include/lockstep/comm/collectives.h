@@ -11,11 +11,11 @@
 
 namespace lockstep::comm {
 
-enum class ReduceOp { Sum, Mean, Max, Min };
 enum class Algorithm {
   Auto,   // chosen by size and world size (see docs/algorithms.md)
   Ring,   // reduce-scatter + all-gather; ~2P(N-1)/N bytes sent per rank
   Naive,  // gather to rank 0, reduce, broadcast; the reference
+  SharedMemory,  // the backend's native shared-memory path (threads backend only)
 };
 
 struct AllreduceOptions {

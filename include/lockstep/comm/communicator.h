@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/comm/reduce_op.h"
+
 namespace lockstep::comm {
 
 using Duration = std::chrono::milliseconds;
@@ -43,6 +45,15 @@ struct CommStats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
   std::uint64_t messages_sent = 0;
+};
+
+// A backend's own all-reduce, offered where it beats the generic algorithms
+// (the one capability check: Communicator::native_allreduce()). Same contract
+// as comm::allreduce.
+class NativeAllreduce {
+ public:
+  virtual ~NativeAllreduce() = default;
+  virtual void allreduce(std::span<float> data, ReduceOp op) = 0;
 };
 
 class Communicator {
@@ -69,6 +80,9 @@ class Communicator {
   virtual bool aborted() const = 0;
 
   virtual CommStats stats() const = 0;
+
+  // The backend's native all-reduce, or null if it has none.
+  virtual NativeAllreduce* native_allreduce() { return nullptr; }
 
   // The timeout used by blocking collectives on this communicator.
   Duration timeout() const { return timeout_; }

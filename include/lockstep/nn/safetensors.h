@@ -65,11 +65,17 @@ void save_safetensors(const std::filesystem::path& path, std::span<const TensorR
 // Treats the file as untrusted: throws IoError naming the file and the defect
 // if it is missing or unreadable, shorter than 8 bytes, its header length is
 // larger than the file or kMaxSafetensorsHeaderBytes, the header is not a JSON
-// object of the layout above (missing or mistyped fields, nesting, duplicate
-// names, non-string metadata), a dtype is not F32, a dimension is negative, a
-// tensor's offsets are reversed, out of range or do not hold product(shape)*4
-// bytes, or tensors overlap or leave bytes of the data section unused.
-// Memory use is bounded by the file size plus a small multiple of the header.
+// object of the layout above (missing or mistyped fields, duplicate names,
+// non-string metadata), a dtype is not F32, a dimension is negative, a tensor's
+// offsets are reversed, out of range or do not hold product(shape)*4 bytes, or
+// tensors overlap or leave bytes of the data section unused. Unknown scalar
+// fields in a tensor entry are ignored, as the reference implementation does.
+//
+// So that a hostile header cannot demand absurd memory, it also refuses what no
+// real file has: containers nested deeper than the layout above, lists longer
+// than 1024 numbers and more than 65536 metadata entries. Tensor memory is only
+// allocated once the entries are known to tile the data section, so it never
+// exceeds the file size.
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
 
 }  // namespace lockstep::nn

@@ -1,0 +1,85 @@
+// Shared-memory all-reduce: the threads backend's native path.
+//
+// Every rank's buffer lives in one address space, so a rank can reduce its
+// own chunk straight out of all the others' buffers:
+//
+//   1. publish: rank r puts its buffer pointer and count in the hub;  barrier.
+//   2. reduce-scatter + all-gather in one pass: rank r reads chunk r of all N
+//      buffers (in rank order 0..N-1, so the sum is the same on every run),
+//      applies op (and 1/N for Mean), and writes the result into chunk r of
+//      all N buffers;  barrier.
+//
+// Synchronisations: 2 barriers (the ring needs 2(N-1) hand-offs).
+// Memory traffic: every input read once and every output written once,
+// 2·N·P bytes in all for P bytes per rank.
+// Bytes "sent" per rank, counted as the ring counts them: the P - P/N bytes
+// of its buffer that other ranks read, plus its chunk written into N-1 other
+// buffers: 2P(N-1)/N. Every rank ends with the same bytes: each chunk is
+// computed once, by its owner, and copied.
+#include <algorithm>
+#include <cstring>
+
+#include "algorithms.h"
+#include "lockstep/error.h"
+#include "threads_hub.h"
+
+namespace lockstep::comm::detail {
+
+void Hub::barrier(int rank, Duration timeout, const std::string& what) {
+  std::unique_lock lock(mu);
+  if (aborted) throw CommAborted("rank " + std::to_string(rank) + ": communicator aborted: " + abort_reason);
+  const std::uint64_t generation = barrier_generation;
+  if (++barrier_arrived == size()) {
+    barrier_arrived = 0;
+    ++barrier_generation;
+    barrier_cv.notify_all();
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (barrier_generation == generation) {
+    if (aborted) throw CommAborted("rank " + std::to_string(rank) + ": communicator aborted: " + abort_reason);
+    if (barrier_cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+        barrier_generation == generation) {
+      const std::string msg = "rank " + std::to_string(rank) + ": " + what + " timed out after " +
+                              std::to_string(timeout.count()) + " ms waiting for " +
+                              std::to_string(size() - barrier_arrived) + " other rank(s)";
+      abort_locked(msg);
+      throw TimeoutError(msg);
+    }
+  }
+}
+
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, ReduceOp op, Duration timeout,
+                             std::uint64_t sequence) {
+  const int n = hub.size();
+  const std::string what = "shared_memory_allreduce (seq " + std::to_string(sequence) + ")";
+  hub.slots[rank] = data.data();
+  hub.slot_counts[rank] = data.size();
+  hub.barrier(rank, timeout, what);
+  for (int j = 0; j < n; ++j) {
+    if (hub.slot_counts[j] != data.size()) {
+      const std::string msg = "rank " + std::to_string(rank) + ": " + what + " has " +
+                              std::to_string(data.size()) + " elements but rank " + std::to_string(j) +
+                              " has " + std::to_string(hub.slot_counts[j]);
+      {
+        std::lock_guard lock(hub.mu);
+        hub.abort_locked(msg);
+      }
+      throw CommAborted(msg);
+    }
+  }
+  const std::size_t count = data.size();
+  const std::size_t begin = chunk_begin(count, n, rank), end = chunk_begin(count, n, rank + 1);
+  constexpr std::size_t kBlock = 1024;  // 4 KiB: the partial result stays in L1
+  float acc[kBlock];
+  for (std::size_t b = begin; b < end; b += kBlock) {
+    const std::size_t len = std::min(kBlock, end - b);
+    std::memcpy(acc, hub.slots[0] + b, len * sizeof(float));
+    for (int j = 1; j < n; ++j) reduce_into({acc, len}, {hub.slots[j] + b, len}, op);
+    finish({acc, len}, op, n);
+    for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
+  }
+  hub.barrier(rank, timeout, what);
+}
+
+}  // namespace lockstep::comm::detail

@@ -1,0 +1,69 @@
+// Private to the threads backend: the state its ranks share.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/communicator.h"
+
+namespace lockstep::comm::detail {
+
+enum class OpState { kParked, kCopying, kDone };
+
+struct Op {
+  int src = 0;
+  int dst = 0;
+  std::uint64_t tag = 0;
+  bool is_send = false;
+  const std::byte* send_data = nullptr;  // set for sends
+  std::byte* recv_data = nullptr;        // set for receives
+  std::size_t bytes = 0;
+  OpState state = OpState::kParked;  // guarded by Hub::mu
+};
+
+struct Hub {
+  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), slot_counts(n) {}
+  int size() const { return static_cast<int>(cv.size()); }
+  std::mutex mu;
+  std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
+  // By destination rank. Guarded by mu.
+  std::vector<std::deque<std::shared_ptr<Op>>> parked_sends;
+  std::vector<std::deque<std::shared_ptr<Op>>> parked_recvs;
+  bool aborted = false;      // guarded by mu
+  std::string abort_reason;  // guarded by mu
+
+  // Barrier (sense by generation). Guarded by mu.
+  std::condition_variable barrier_cv;
+  int barrier_arrived = 0;
+  std::uint64_t barrier_generation = 0;
+
+  // Shared-memory collectives: each rank publishes its buffer here between
+  // two barriers. slots[r] is written only by rank r, read by all after the
+  // first barrier.
+  std::vector<float*> slots;
+  std::vector<std::size_t> slot_counts;
+
+  void abort_locked(const std::string& reason) {
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+    for (auto& c : cv) c.notify_all();
+    barrier_cv.notify_all();
+  }
+
+  // Blocks until all ranks have arrived. Throws CommAborted if the group is
+  // aborted, TimeoutError (and aborts the group) after `timeout`.
+  void barrier(int rank, Duration timeout, const std::string& what);
+};
+
+// The shared-memory all-reduce (shared_memory_allreduce.cpp).
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, ReduceOp op, Duration timeout,
+                             std::uint64_t sequence);
+
+}  // namespace lockstep::comm::detail
