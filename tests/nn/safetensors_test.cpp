@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <bit>
-#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <limits>

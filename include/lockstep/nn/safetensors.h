@@ -41,8 +41,8 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  // the "__metadata__" object, if any
 };
 
-// Headers larger than this are rejected as hostile (same limit as the reference
-// implementation, which real files are far below).
+// Headers larger than this are rejected as hostile (the reference implementation
+// has a limit of about the same size; real headers are far smaller).
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 
 // Writes `tensors` as F32, their data laid out in the given order, the header
