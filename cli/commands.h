@@ -10,6 +10,8 @@ namespace lockstep::cli {
 using Action = std::function<int()>;
 
 Action add_train_command(CLI::App& app);
-Action add_bench_command(CLI::App& app);
+Action add_bench_command(CLI::App& app);  // bench_command.cpp: the `bench` group
+Action add_bench_train_command(CLI::App& bench);
+Action add_bench_allreduce_command(CLI::App& bench);
 
 }  // namespace lockstep::cli

@@ -5,7 +5,7 @@
 //
 // Rounds: ceil(log2 N). Bytes sent: P by each rank that forwards, at most
 // ceil(log2 N) P by the root; every non-root receives P exactly once.
-// Barrier: an all-reduce of one float, whose completion needs every rank.
+// Barrier: an all-reduce of one float (Auto), whose completion needs every rank.
 #include "algorithms.h"
 #include "lockstep/error.h"
 
@@ -31,7 +31,7 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
 
 void barrier(Communicator& comm) {
   float token = 0.0f;
-  allreduce(comm, std::span<float>(&token, 1), {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+  allreduce(comm, std::span<float>(&token, 1), {.op = ReduceOp::Sum});
 }
 
 }  // namespace lockstep::comm

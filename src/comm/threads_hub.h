@@ -1,6 +1,7 @@
 // Private to the threads backend: the state its ranks share.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,10 +39,11 @@ struct Hub {
   bool aborted = false;      // guarded by mu
   std::string abort_reason;  // guarded by mu
 
-  // Barrier (sense by generation). Guarded by mu.
-  std::condition_variable barrier_cv;
-  int barrier_arrived = 0;
-  std::uint64_t barrier_generation = 0;
+  // Barrier: a counter and a generation number, waited on with a futex so
+  // that passing it needs no mutex (see Hub::barrier).
+  std::atomic<std::uint32_t> barrier_arrived{0};
+  std::atomic<std::uint32_t> barrier_generation{0};
+  std::atomic<bool> aborted_flag{false};  // mirrors `aborted` for lock-free readers
 
   // Shared-memory collectives: each rank publishes its buffer here between
   // two barriers. slots[r] is written only by rank r, read by all after the
@@ -53,9 +55,11 @@ struct Hub {
     if (aborted) return;
     aborted = true;
     abort_reason = reason;
+    aborted_flag.store(true);
     for (auto& c : cv) c.notify_all();
-    barrier_cv.notify_all();
+    wake_barrier();
   }
+  void wake_barrier();
 
   // Blocks until all ranks have arrived. Throws CommAborted if the group is
   // aborted, TimeoutError (and aborts the group) after `timeout`.
