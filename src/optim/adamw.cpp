@@ -22,11 +22,8 @@ class AdamW final : public Optimizer {
   }
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
-  void step(std::span<float> params, std::span<const float> grads, float lr) override {
-    LOCKSTEP_CHECK(params.size() == numel_ && grads.size() == numel_, "AdamW sizes differ");
+  void update(float* w, const float* g, float* zero, float lr) override {
     ++steps_;
-    float* w = params.data();
-    const float* g = grads.data();
     float* m = state_.span().data();
     float* v = m + numel_;
     const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps;
@@ -37,9 +34,11 @@ class AdamW final : public Optimizer {
     const float step_size = lr / bc1;
     const std::size_t n = numel_;
     for (std::size_t i = 0; i < n; ++i) {
+      const float gi = g[i];
+      if (zero != nullptr) zero[i] = 0.0f;
       w[i] *= decay;
-      m[i] += (g[i] - m[i]) * (1.0f - b1);
-      v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+      m[i] += (gi - m[i]) * (1.0f - b1);
+      v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
       const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
       w[i] -= step_size * m[i] / denom;
     }

@@ -3,7 +3,16 @@
 
 #include "lockstep/optim/optimizer.h"
 
+#include "lockstep/error.h"
+
 namespace lockstep::optim {
+
+void Optimizer::check_sizes(std::size_t params, std::size_t grads) const {
+  if (params != numel_ || grads != numel_) {
+    throw InvalidArgument("optimizer for " + std::to_string(numel_) + " parameters got " +
+                          std::to_string(params) + " parameters and " + std::to_string(grads) + " gradients");
+  }
+}
 
 float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps) {
   if (schedule == Schedule::Constant || total_steps <= 0) return base;

@@ -24,34 +24,46 @@ class Sgd final : public Optimizer {
     return {"momentum_buffer"};
   }
 
-  void step(std::span<float> params, std::span<const float> grads, float lr) override {
-    LOCKSTEP_CHECK(params.size() == numel_ && grads.size() == numel_, "SGD sizes differ");
-    float* w = params.data();
-    const float* g = grads.data();
-    float* buf = state_.span().data();
-    const float wd = o_.weight_decay, mu = o_.momentum, damp = 1.0f - o_.dampening;
-    const bool first = steps_ == 0;
-    const std::size_t n = numel_;
-    if (mu == 0.0f) {
-      for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
-    } else if (first) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const float d = g[i] + wd * w[i];
-        buf[i] = d;
-        w[i] -= lr * (o_.nesterov ? d + mu * d : d);
-      }
+  void update(float* w, const float* g, float* zero, float lr) override {
+    if (zero != nullptr) {
+      run<true>(w, g, zero, lr);
     } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        const float d = g[i] + wd * w[i];
-        const float b = mu * buf[i] + damp * d;
-        buf[i] = b;
-        w[i] -= lr * (o_.nesterov ? d + mu * b : b);
-      }
+      run<false>(w, g, nullptr, lr);
     }
     ++steps_;
   }
 
  private:
+  template <bool kZero>
+  void run(float* w, const float* g, float* zero, float lr) {
+    float* buf = state_.span().data();
+    const float wd = o_.weight_decay, mu = o_.momentum, damp = 1.0f - o_.dampening;
+    const bool nesterov = o_.nesterov;
+    const std::size_t n = numel_;
+    if (mu == 0.0f) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        if constexpr (kZero) zero[i] = 0.0f;
+        w[i] -= lr * d;
+      }
+    } else if (steps_ == 0) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        if constexpr (kZero) zero[i] = 0.0f;
+        buf[i] = d;
+        w[i] -= lr * (nesterov ? d + mu * d : d);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        if constexpr (kZero) zero[i] = 0.0f;
+        const float b = mu * buf[i] + damp * d;
+        buf[i] = b;
+        w[i] -= lr * (nesterov ? d + mu * b : b);
+      }
+    }
+  }
+
   SgdOptions o_;
 };
 

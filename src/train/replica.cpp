@@ -101,14 +101,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     auto logits = model->forward(std::span<const float>(x.data(), b * features), b);
     auto loss = nn::softmax_cross_entropy(logits.data(), y.data(), b, classes, dlogits.data(),
                                           b > 0 ? 1.0f / float(b) : 0.0f);
-    model->backward(std::span<const float>(dlogits.data(), b * classes), b);
+    // Accumulates into gradients the previous optimizer step left at zero.
+    model->backward(std::span<const float>(dlogits.data(), b * classes), b, /*accumulate=*/true);
 
     const auto before = comm.stats().bytes_sent;
     ddp::average_gradients(comm, grads, b, shard.global_count, c.algorithm);
     out.traffic.gradients += comm.stats().bytes_sent - before;
 
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
-    optimizer->step(params, grads, lr);
+    optimizer->step_and_zero_grads(params, grads, lr);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
 
     window[0] += loss.loss_sum;

@@ -27,10 +27,25 @@ class Optimizer {
   std::int64_t steps_taken() const { return steps_; }
 
   // params -= update(grads) with learning rate `lr`.
-  virtual void step(std::span<float> params, std::span<const float> grads, float lr) = 0;
+  void step(std::span<float> params, std::span<const float> grads, float lr) {
+    check_sizes(params.size(), grads.size());
+    update(params.data(), grads.data(), nullptr, lr);
+  }
+  // The same update, and every gradient set to 0 in the same pass over
+  // memory (PyTorch's zero_grad), so that the next backward accumulates into
+  // them. That spares the separate pass over the gradients that a backward
+  // overwriting them would make (OpenBLAS clears C before a beta = 0 product).
+  void step_and_zero_grads(std::span<float> params, std::span<float> grads, float lr) {
+    check_sizes(params.size(), grads.size());
+    update(params.data(), grads.data(), grads.data(), lr);
+  }
 
  protected:
   Optimizer(std::size_t numel, std::size_t slots) : numel_(numel), state_(numel * slots) {}
+  // One update of numel_ parameters; if `zero` is not null, zero[i] = 0
+  // after g[i] is read (zero == g when called from step_and_zero_grads).
+  virtual void update(float* w, const float* g, float* zero, float lr) = 0;
+  void check_sizes(std::size_t params, std::size_t grads) const;
   std::size_t numel_;
   nn::Arena state_;
   std::int64_t steps_ = 0;
