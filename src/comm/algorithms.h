@@ -9,6 +9,9 @@
 
 namespace lockstep::comm::detail {
 
+// Auto uses halving-doubling below this size (when there is no native path).
+inline constexpr std::size_t kHalvingDoublingMaxBytes = std::size_t{64} << 10;
+
 // Tag of round `round` of collective number `sequence`.
 inline std::uint64_t make_tag(std::uint64_t sequence, std::uint32_t round) {
   return (sequence << 16) | (round & 0xffffu);
@@ -24,7 +27,16 @@ inline std::size_t chunk_begin(std::size_t count, int n, int i) {
   return count * static_cast<std::size_t>(i) / static_cast<std::size_t>(n);
 }
 
-void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op);
-void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op);
+// The algorithms proper; the front door has numbered the call (`sequence`)
+// and checked its fingerprint.
+void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence);
+void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence);
+void halving_doubling_allreduce(Communicator& comm, std::span<float> data, ReduceOp op,
+                                std::uint64_t sequence);
+
+// The front door with the kind of collective it serves (barrier is an
+// all-reduce of one float under its own name).
+void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOptions& options,
+                  CollectiveKind kind);
 
 }  // namespace lockstep::comm::detail

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "algorithms.h"
+#include "fingerprint.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -21,43 +22,48 @@ const char* to_string(Algorithm algorithm) {
     case Algorithm::Auto: return "auto";
     case Algorithm::Ring: return "ring";
     case Algorithm::Naive: return "naive";
+    case Algorithm::HalvingDoubling: return "halving_doubling";
     case Algorithm::SharedMemory: return "shared_memory";
   }
   return "?";
 }
 
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {
-  if (comm.size() == 1) {
-    detail::finish(data, options.op, 1);
-    return;
-  }
-  switch (options.algorithm) {
-    case Algorithm::Naive:
-      detail::naive_allreduce(comm, data, options.op);
-      return;
-    case Algorithm::SharedMemory:
-      if (auto* native = comm.native_allreduce()) {
-        native->allreduce(data, options.op);
-        return;
-      }
-      throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
-    case Algorithm::Auto:
-      // Where the backend shares memory, its native path moves the least
-      // memory and synchronises twice instead of 2(N-1) times
-      // (docs/algorithms.md). Otherwise the ring, which is bandwidth-optimal.
-      if (auto* native = comm.native_allreduce()) {
-        native->allreduce(data, options.op);
-        return;
-      }
-      detail::ring_allreduce(comm, data, options.op);
-      return;
-    case Algorithm::Ring:
-      detail::ring_allreduce(comm, data, options.op);
-      return;
-  }
+  detail::allreduce_as(comm, data, options, CollectiveKind::Allreduce);
 }
 
 namespace detail {
+
+void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOptions& options,
+                  CollectiveKind kind) {
+  const Fingerprint fp = start_collective(comm, kind, options.op, DataType::Float32, data.size());
+  if (comm.size() == 1) {
+    finish(data, options.op, 1);
+    return;
+  }
+  NativeAllreduce* native = comm.native_allreduce();
+  Algorithm algorithm = options.algorithm;
+  if (algorithm == Algorithm::Auto) {
+    // Where the backend shares memory, its native path moves the least memory
+    // and synchronises twice; otherwise the ring for large buffers (bandwidth-
+    // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
+    // 2(N-1)). The rule and its measurements: docs/algorithms.md.
+    algorithm = native != nullptr                                ? Algorithm::SharedMemory
+                : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
+                                                               : Algorithm::Ring;
+  }
+  if (algorithm == Algorithm::SharedMemory) {
+    if (native == nullptr) throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
+    native->allreduce(data, fp);  // checks the fingerprint itself
+    return;
+  }
+  comm.check_fingerprint(fp);
+  switch (algorithm) {
+    case Algorithm::Naive: naive_allreduce(comm, data, options.op, fp.sequence); return;
+    case Algorithm::HalvingDoubling: halving_doubling_allreduce(comm, data, options.op, fp.sequence); return;
+    default: ring_allreduce(comm, data, options.op, fp.sequence); return;
+  }
+}
 
 void reduce_into(std::span<float> acc, std::span<const float> in, ReduceOp op) {
   LOCKSTEP_CHECK(acc.size() == in.size(), "reduce_into needs equal sizes");

@@ -7,6 +7,7 @@
 // ceil(log2 N) P by the root; every non-root receives P exactly once.
 // Barrier: an all-reduce of one float (Auto), whose completion needs every rank.
 #include "algorithms.h"
+#include "fingerprint.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -17,7 +18,10 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
     throw InvalidArgument("broadcast root " + std::to_string(root) + " is not a rank of a group of " +
                           std::to_string(n));
   }
-  const std::uint64_t seq = comm.next_sequence();
+  const Fingerprint fp = detail::start_collective(comm, CollectiveKind::Broadcast, ReduceOp::Sum,
+                                                  DataType::Bytes, data.size(), root);
+  comm.check_fingerprint(fp);
+  const std::uint64_t seq = fp.sequence;
   const int v = (comm.rank() - root + n) % n;  // relative rank
   std::uint32_t round = 0;
   for (int step = 1; step < n; step <<= 1, ++round) {
@@ -31,7 +35,7 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
 
 void barrier(Communicator& comm) {
   float token = 0.0f;
-  allreduce(comm, std::span<float>(&token, 1), {.op = ReduceOp::Sum});
+  detail::allreduce_as(comm, std::span<float>(&token, 1), {.op = ReduceOp::Sum}, CollectiveKind::Barrier);
 }
 
 }  // namespace lockstep::comm

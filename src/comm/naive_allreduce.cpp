@@ -10,9 +10,8 @@
 
 namespace lockstep::comm::detail {
 
-void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op) {
+void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
   const int n = comm.size();
-  const std::uint64_t seq = comm.next_sequence();
   if (comm.rank() != 0) {
     send(comm, 0, make_tag(seq, 0), std::as_bytes(data));
     recv(comm, 0, make_tag(seq, 1), std::as_writable_bytes(data));

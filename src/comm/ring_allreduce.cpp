@@ -16,12 +16,11 @@
 
 namespace lockstep::comm::detail {
 
-void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op) {
+void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
   const int n = comm.size();
   const int r = comm.rank();
   const int right = (r + 1) % n;
   const int left = (r - 1 + n) % n;
-  const std::uint64_t seq = comm.next_sequence();
   const std::size_t count = data.size();
   auto chunk = [&](int i) {
     i = ((i % n) + n) % n;

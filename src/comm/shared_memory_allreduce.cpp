@@ -25,25 +25,12 @@
 
 namespace lockstep::comm::detail {
 
-void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, ReduceOp op, Duration timeout,
-                             std::uint64_t sequence) {
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp,
+                             Duration timeout) {
   const int n = hub.size();
-  const std::string what = "shared_memory_allreduce (seq " + std::to_string(sequence) + ")";
+  const ReduceOp op = fp.op;
   hub.slots[rank] = data.data();
-  hub.slot_counts[rank] = data.size();
-  hub.barrier(rank, timeout, what);
-  for (int j = 0; j < n; ++j) {
-    if (hub.slot_counts[j] != data.size()) {
-      const std::string msg = "rank " + std::to_string(rank) + ": " + what + " has " +
-                              std::to_string(data.size()) + " elements but rank " + std::to_string(j) +
-                              " has " + std::to_string(hub.slot_counts[j]);
-      {
-        std::lock_guard lock(hub.mu);
-        hub.abort_locked(msg);
-      }
-      throw CommAborted(msg);
-    }
-  }
+  publish_and_check(hub, rank, fp, timeout);
   const std::size_t count = data.size();
   const std::size_t begin = chunk_begin(count, n, rank), end = chunk_begin(count, n, rank + 1);
   // 32 KiB blocks: the partial sum stays in L1, and each of the 2N streams a
@@ -59,7 +46,7 @@ void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, ReduceOp
     finish({acc, len}, op, n);
     for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
   }
-  hub.barrier(rank, timeout, what);
+  hub.barrier(rank, timeout, fp);
 }
 
 }  // namespace lockstep::comm::detail

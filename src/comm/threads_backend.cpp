@@ -110,21 +110,23 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
     hub_->abort_locked(reason);
   }
 
-  bool aborted() const override {
+  std::string abort_reason() const override {
     std::lock_guard lock(hub_->mu);
-    return hub_->aborted;
+    return hub_->aborted ? hub_->abort_reason : std::string();
   }
 
   NativeAllreduce* native_allreduce() override { return this; }
+  void check_fingerprint(const Fingerprint& fp) override {
+    detail::publish_and_check(*hub_, rank_, fp, timeout());
+  }
 
   CommStats stats() const override {
     return {bytes_sent_.load(), bytes_received_.load(), messages_sent_.load()};
   }
 
  private:
-  void allreduce(std::span<float> data, ReduceOp op) override {
-    const std::uint64_t seq = next_sequence();
-    detail::shared_memory_allreduce(*hub_, rank_, data, op, timeout(), seq);
+  void allreduce(std::span<float> data, const Fingerprint& fp) override {
+    detail::shared_memory_allreduce(*hub_, rank_, data, fp, timeout());
     const std::size_t chunk = data.size() * (rank_ + 1) / size_ - data.size() * rank_ / size_;
     const std::uint64_t sent = (data.size() - chunk + chunk * (size_ - 1)) * sizeof(float);
     bytes_sent_ += sent;

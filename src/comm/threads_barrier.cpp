@@ -34,7 +34,7 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 
 void Hub::wake_barrier() { futex_wake_all(barrier_generation); }
 
-void Hub::barrier(int rank, Duration timeout, const std::string& what) {
+void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp) {
   auto aborted_error = [&] {
     std::lock_guard lock(mu);
     return CommAborted("rank " + std::to_string(rank) + ": communicator aborted: " + abort_reason);
@@ -56,7 +56,7 @@ void Hub::barrier(int rank, Duration timeout, const std::string& what) {
     if (aborted_flag.load()) throw aborted_error();
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds::zero()) {
-      const std::string msg = "rank " + std::to_string(rank) + ": " + what + " timed out after " +
+      const std::string msg = "rank " + std::to_string(rank) + ": " + describe(fp) + " timed out after " +
                               std::to_string(timeout.count()) + " ms waiting for " +
                               std::to_string(size() - static_cast<int>(barrier_arrived.load())) +
                               " other rank(s)";
@@ -67,6 +67,22 @@ void Hub::barrier(int rank, Duration timeout, const std::string& what) {
       throw TimeoutError(msg);
     }
     futex_wait(barrier_generation, generation, left);
+  }
+}
+
+void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, Duration timeout) {
+  auto& board = hub.fingerprints[fp.sequence % 2];
+  board[rank] = fp;
+  hub.barrier(rank, timeout, fp);
+  for (int j = 0; j < hub.size(); ++j) {
+    if (board[j] == fp) continue;
+    const std::string msg = "collective mismatch: rank " + std::to_string(rank) + " called " + describe(fp) +
+                            " but rank " + std::to_string(j) + " called " + describe(board[j]);
+    {
+      std::lock_guard lock(hub.mu);
+      hub.abort_locked(msg);
+    }
+    throw CommAborted(msg);
   }
 }
 

@@ -29,7 +29,7 @@ struct Op {
 };
 
 struct Hub {
-  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), slot_counts(n) {}
+  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
   int size() const { return static_cast<int>(cv.size()); }
   std::mutex mu;
   std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
@@ -49,12 +49,15 @@ struct Hub {
   // two barriers. slots[r] is written only by rank r, read by all after the
   // first barrier.
   std::vector<float*> slots;
-  std::vector<std::size_t> slot_counts;
+  // Fingerprints by sequence parity: a rank can start call s+2 only after
+  // every rank has passed a barrier of call s+1, so by then nobody still
+  // reads the board of call s.
+  std::vector<Fingerprint> fingerprints[2];
 
   void abort_locked(const std::string& reason) {
     if (aborted) return;
     aborted = true;
-    abort_reason = reason;
+    abort_reason = reason.empty() ? "aborted" : reason;
     aborted_flag.store(true);
     for (auto& c : cv) c.notify_all();
     wake_barrier();
@@ -63,11 +66,15 @@ struct Hub {
 
   // Blocks until all ranks have arrived. Throws CommAborted if the group is
   // aborted, TimeoutError (and aborts the group) after `timeout`.
-  void barrier(int rank, Duration timeout, const std::string& what);
+  void barrier(int rank, Duration timeout, const Fingerprint& fp);
 };
 
+// Publishes `fp`, waits for every rank, and compares all fingerprints;
+// throws CommAborted naming both sides on a mismatch (threads_barrier.cpp).
+void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, Duration timeout);
+
 // The shared-memory all-reduce (shared_memory_allreduce.cpp).
-void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, ReduceOp op, Duration timeout,
-                             std::uint64_t sequence);
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp,
+                             Duration timeout);
 
 }  // namespace lockstep::comm::detail

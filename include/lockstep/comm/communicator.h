@@ -47,13 +47,33 @@ struct CommStats {
   std::uint64_t messages_sent = 0;
 };
 
+// What a collective call is, as every rank must agree on it. Every
+// collective carries one and checks it against the other ranks' before it
+// moves any data; a mismatch aborts the group with both sides named.
+enum class CollectiveKind : std::uint32_t { Allreduce = 1, Broadcast, Barrier, ReduceScatter, AllGather };
+enum class DataType : std::uint32_t { Float32 = 1, Bytes };
+
+struct Fingerprint {
+  std::uint64_t sequence = 0;  // the call's number on this communicator
+  CollectiveKind kind = CollectiveKind::Allreduce;
+  ReduceOp op = ReduceOp::Sum;  // Sum for non-reducing collectives
+  DataType dtype = DataType::Float32;
+  std::uint64_t count = 0;  // elements per rank
+  std::int32_t root = -1;   // -1 where there is none
+  bool operator==(const Fingerprint&) const = default;
+};
+
+// e.g. "allreduce(mean, float32, 1000 elements, seq 12)"
+std::string describe(const Fingerprint& fp);
+
 // A backend's own all-reduce, offered where it beats the generic algorithms
 // (the one capability check: Communicator::native_allreduce()). Same contract
 // as comm::allreduce.
 class NativeAllreduce {
  public:
   virtual ~NativeAllreduce() = default;
-  virtual void allreduce(std::span<float> data, ReduceOp op) = 0;
+  // `fingerprint` is this rank's; the backend checks it against the others'.
+  virtual void allreduce(std::span<float> data, const Fingerprint& fingerprint) = 0;
 };
 
 class Communicator {
@@ -77,9 +97,17 @@ class Communicator {
 
   // Aborts the group: wakes every rank; `reason` reaches all of them.
   virtual void abort(const std::string& reason) = 0;
-  virtual bool aborted() const = 0;
+  // Why the group was aborted; empty while it is not.
+  virtual std::string abort_reason() const = 0;
+  bool aborted() const { return !abort_reason().empty(); }
 
   virtual CommStats stats() const = 0;
+
+  // Checks that every rank is making the call `fp` describes; throws
+  // CommAborted (and aborts the group) on a mismatch, naming both sides. The
+  // default is one ring exchange of fingerprints (fingerprint.cpp); a backend
+  // with shared memory compares them in place.
+  virtual void check_fingerprint(const Fingerprint& fp);
 
   // The backend's native all-reduce, or null if it has none.
   virtual NativeAllreduce* native_allreduce() { return nullptr; }

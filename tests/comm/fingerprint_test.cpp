@@ -1,0 +1,116 @@
+// Mismatched collective calls fail fast, on every rank, naming both sides.
+#include <gtest/gtest.h>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+#include "p2p_only.h"
+#include "run_ranks.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::run_ranks;
+
+// Runs `body` on 4 ranks; every rank must fail with CommAborted (or
+// TimeoutError for none: the check must not wait for a timeout), and at least
+// one message must name the mismatch with both calls.
+void expect_mismatch(const std::function<void(Communicator&)>& body, const std::string& must_contain) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(4, body, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << "waited for a timeout";
+  bool named = false;
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const CommAborted& e) {
+      const std::string what = e.what();
+      if (what.find("collective mismatch") != std::string::npos &&
+          what.find(must_contain) != std::string::npos)
+        named = true;
+    }
+  }
+  EXPECT_TRUE(named) << "no rank named the mismatch '" << must_contain << "'";
+}
+
+struct Case {
+  Algorithm algorithm;
+  bool p2p_only;  // through PointToPointOnly: the default ring check of fingerprints
+};
+
+class Mismatch : public ::testing::TestWithParam<Case> {
+ protected:
+  // Runs `body` on the rank's communicator, wrapped as the case asks.
+  std::function<void(Communicator&)> on(std::function<void(Communicator&, Algorithm)> body) {
+    const Case c = GetParam();
+    return [c, body](Communicator& inner) {
+      if (!c.p2p_only) return body(inner, c.algorithm);
+      testing::PointToPointOnly p2p(inner);
+      body(p2p, c.algorithm);
+    };
+  }
+};
+
+TEST_P(Mismatch, DifferentCount) {
+  expect_mismatch(
+      on([](Communicator& c, Algorithm a) {
+        std::vector<float> data(c.rank() == 2 ? 101 : 100, 1.0f);
+        allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+      }),
+      "101 elements");
+}
+
+TEST_P(Mismatch, DifferentOp) {
+  expect_mismatch(
+      on([](Communicator& c, Algorithm a) {
+        std::vector<float> data(100, 1.0f);
+        allreduce(c, data, {.op = c.rank() == 1 ? ReduceOp::Max : ReduceOp::Sum, .algorithm = a});
+      }),
+      "allreduce(max");
+}
+
+TEST_P(Mismatch, SkippedCall) {
+  expect_mismatch(
+      on([](Communicator& c, Algorithm a) {
+        std::vector<float> first(10, 1.0f), second(20, 1.0f);
+        if (c.rank() != 3) allreduce(c, first, {.op = ReduceOp::Sum, .algorithm = a});
+        allreduce(c, second, {.op = ReduceOp::Sum, .algorithm = a});
+      }),
+      "seq 0");
+}
+
+TEST_P(Mismatch, DifferentOrderOfCalls) {
+  expect_mismatch(
+      on([](Communicator& c, Algorithm a) {
+        std::vector<float> data(10, 1.0f);
+        std::vector<std::byte> bytes(16);
+        if (c.rank() == 0) {
+          broadcast(c, bytes, 0);
+          allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+        } else {
+          allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+          broadcast(c, bytes, 0);
+        }
+      }),
+      "broadcast(");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, Mismatch,
+    ::testing::Values(Case{Algorithm::Ring, false}, Case{Algorithm::HalvingDoubling, false},
+                      Case{Algorithm::Naive, false}, Case{Algorithm::SharedMemory, false},
+                      Case{Algorithm::Ring, true}, Case{Algorithm::HalvingDoubling, true},
+                      Case{Algorithm::Naive, true}),
+    [](const auto& info) {
+      return std::string(to_string(info.param.algorithm)) + (info.param.p2p_only ? "_p2p" : "_threads");
+    });
+
+TEST(Fingerprint, DescribeNamesEveryField) {
+  const Fingerprint fp{12, CollectiveKind::Allreduce, ReduceOp::Mean, DataType::Float32, 1000, -1};
+  EXPECT_EQ(describe(fp), "allreduce(mean, float32, 1000 elements, seq 12)");
+  const Fingerprint b{3, CollectiveKind::Broadcast, ReduceOp::Sum, DataType::Bytes, 64, 2};
+  EXPECT_EQ(describe(b), "broadcast(bytes, 64 elements, root 2, seq 3)");
+}
+
+}  // namespace
+}  // namespace lockstep::comm
