@@ -52,17 +52,18 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
                 : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
                                                                : Algorithm::Ring;
   }
-  if (algorithm == Algorithm::SharedMemory) {
-    if (native == nullptr) throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
-    native->allreduce(data, fp);  // checks the fingerprint itself
-    return;
+  if (algorithm == Algorithm::SharedMemory && native == nullptr) {
+    throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
   }
-  comm.check_fingerprint(fp);
-  switch (algorithm) {
-    case Algorithm::Naive: naive_allreduce(comm, data, options.op, fp.sequence); return;
-    case Algorithm::HalvingDoubling: halving_doubling_allreduce(comm, data, options.op, fp.sequence); return;
-    default: ring_allreduce(comm, data, options.op, fp.sequence); return;
-  }
+  run_collective(comm, fp, [&] {
+    if (algorithm == Algorithm::SharedMemory) return native->allreduce(data, fp);  // checks fp itself
+    comm.check_fingerprint(fp);
+    switch (algorithm) {
+      case Algorithm::Naive: return naive_allreduce(comm, data, options.op, fp.sequence);
+      case Algorithm::HalvingDoubling: return halving_doubling_allreduce(comm, data, options.op, fp.sequence);
+      default: return ring_allreduce(comm, data, options.op, fp.sequence);
+    }
+  });
 }
 
 void reduce_into(std::span<float> acc, std::span<const float> in, ReduceOp op) {

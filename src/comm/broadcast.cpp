@@ -20,17 +20,19 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
   }
   const Fingerprint fp = detail::start_collective(comm, CollectiveKind::Broadcast, ReduceOp::Sum,
                                                   DataType::Bytes, data.size(), root);
-  comm.check_fingerprint(fp);
-  const std::uint64_t seq = fp.sequence;
-  const int v = (comm.rank() - root + n) % n;  // relative rank
-  std::uint32_t round = 0;
-  for (int step = 1; step < n; step <<= 1, ++round) {
-    if (v < step) {
-      if (v + step < n) send(comm, (v + step + root) % n, detail::make_tag(seq, round), data);
-    } else if (v < 2 * step) {
-      recv(comm, (v - step + root) % n, detail::make_tag(seq, round), data);
+  detail::run_collective(comm, fp, [&] {
+    comm.check_fingerprint(fp);
+    const std::uint64_t seq = fp.sequence;
+    const int v = (comm.rank() - root + n) % n;  // relative rank
+    std::uint32_t round = 0;
+    for (int step = 1; step < n; step <<= 1, ++round) {
+      if (v < step) {
+        if (v + step < n) send(comm, (v + step + root) % n, detail::make_tag(seq, round), data);
+      } else if (v < 2 * step) {
+        recv(comm, (v - step + root) % n, detail::make_tag(seq, round), data);
+      }
     }
-  }
+  });
 }
 
 void barrier(Communicator& comm) {

@@ -33,10 +33,11 @@ namespace detail {
 
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,
                              std::uint64_t count, int root) {
+  const Fingerprint fp{comm.next_sequence(), kind, op, dtype, count, root};
   if (const std::string reason = comm.abort_reason(); !reason.empty()) {
-    throw CommAborted("rank " + std::to_string(comm.rank()) + ": communicator aborted: " + reason);
+    throw CommAborted(describe(fp) + ": rank " + std::to_string(comm.rank()) + ": communicator aborted: " + reason);
   }
-  return Fingerprint{comm.next_sequence(), kind, op, dtype, count, root};
+  return fp;
 }
 
 void fingerprint_mismatch(Communicator& comm, int other_rank, const Fingerprint& mine, const Fingerprint& theirs) {

@@ -2,7 +2,11 @@
 // that every rank makes the same call.
 #pragma once
 
+#include <exception>
+#include <string>
+
 #include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
 
 namespace lockstep::comm::detail {
 
@@ -12,6 +16,23 @@ inline constexpr std::uint64_t kFingerprintTag = std::uint64_t{1} << 63;
 // Fails at once on an aborted communicator; otherwise numbers the call.
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,
                              std::uint64_t count, int root = -1);
+
+// Runs the body of collective `fp`. If this rank fails inside it, the group is
+// aborted with a reason naming this rank and the call; if another rank's
+// failure aborted the group, the error names the call this rank was in.
+template <typename Body>
+void run_collective(Communicator& comm, const Fingerprint& fp, Body&& body) {
+  try {
+    body();
+  } catch (const CommAborted& e) {
+    throw CommAborted(describe(fp) + ": " + e.what());
+  } catch (const TimeoutError&) {
+    throw;  // already names the rank, the peer and the call, and aborted the group
+  } catch (const std::exception& e) {
+    comm.abort("rank " + std::to_string(comm.rank()) + " failed in " + describe(fp) + ": " + e.what());
+    throw;
+  }
+}
 
 [[noreturn]] void fingerprint_mismatch(Communicator& comm, int other_rank, const Fingerprint& mine,
                                        const Fingerprint& theirs);

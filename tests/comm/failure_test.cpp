@@ -1,0 +1,100 @@
+// A replica that fails before, during or after a collective, on rank 0 or on
+// another rank, stops every rank within the timeout with an error that names
+// the failed rank, the operation and its sequence number. Every case runs
+// under run_ranks' wall-clock guard, so a hang fails the test.
+#include <gtest/gtest.h>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+#include "p2p_only.h"
+#include "run_ranks.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::PointToPointOnly;
+using testing::run_ranks;
+
+constexpr int kRanks = 5;  // not a power of two: halving-doubling folds
+constexpr auto kTimeout = std::chrono::milliseconds(500);
+
+enum class Phase { Before, During, After };
+
+struct Case {
+  Algorithm algorithm;
+  Phase phase;
+  int failing_rank;
+  int fail_after_sends;  // for During
+};
+
+std::string name(const Case& c) {
+  const char* phases[] = {"before", "during", "after"};
+  return std::string(to_string(c.algorithm)) + "_" + phases[int(c.phase)] + "_rank" +
+         std::to_string(c.failing_rank) + (c.phase == Phase::During ? "_send" + std::to_string(c.fail_after_sends) : "");
+}
+
+class FailureInEveryPhase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FailureInEveryPhase, EveryRankStopsWithANamedError) {
+  const Case c = GetParam();
+  const bool native = c.algorithm == Algorithm::SharedMemory;
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(
+      kRanks,
+      [&](Communicator& inner) {
+        const bool failing = inner.rank() == c.failing_rank;
+        PointToPointOnly p2p(inner, failing && c.phase == Phase::During ? c.fail_after_sends : -1);
+        Communicator& comm = native ? inner : static_cast<Communicator&>(p2p);
+        std::vector<float> data(1000, 1.0f);
+        const AllreduceOptions options{.op = ReduceOp::Sum, .algorithm = c.algorithm};
+        if (failing && c.phase == Phase::Before) {
+          comm.abort("rank " + std::to_string(c.failing_rank) + " failed before the collective");
+          throw Error("failed before");
+        }
+        allreduce(comm, data, options);  // seq 0
+        if (failing && c.phase == Phase::After) {
+          comm.abort("rank " + std::to_string(c.failing_rank) + " failed after the collective");
+          throw Error("failed after");
+        }
+        allreduce(comm, data, options);  // seq 1
+      },
+      kTimeout, std::chrono::seconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3 * kTimeout) << "not woken within the timeout";
+  const std::string failed = "rank " + std::to_string(c.failing_rank);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r << " finished normally";
+    if (r == c.failing_rank) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(failed), std::string::npos) << "rank " << r << ": " << what;
+      // The operation and its sequence number: the call this rank was in.
+      EXPECT_NE(what.find("allreduce(sum, float32, 1000 elements, seq "), std::string::npos)
+          << "rank " << r << ": " << what;
+      if (c.phase == Phase::During) {  // which call the k-th send falls in depends on the algorithm
+        EXPECT_NE(what.find(failed + " failed in allreduce(sum, float32, 1000 elements, seq "), std::string::npos)
+            << "rank " << r << ": " << what;
+      }
+    }
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (auto a : {Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Naive, Algorithm::SharedMemory}) {
+    for (int rank : {0, 3}) {
+      cases.push_back({a, Phase::Before, rank, -1});
+      cases.push_back({a, Phase::After, rank, -1});
+      if (a == Algorithm::SharedMemory) continue;  // no sends to fail in
+      for (int k : {0, 1, 3}) cases.push_back({a, Phase::During, rank, k});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, FailureInEveryPhase, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return name(info.param); });
+
+}  // namespace
+}  // namespace lockstep::comm
