@@ -30,6 +30,17 @@ const char* to_string(Algorithm algorithm);
 // In place: on return every rank's `data` holds op(data of all ranks).
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
 
+// `in` (the same count on every rank) is cut into N chunks as evenly as
+// possible (chunk i = [i*count/N, (i+1)*count/N)); rank r receives in `out`
+// chunk r of op(in of all ranks). out.size() must equal chunk r's size.
+// Ring: N-1 rounds, P(N-1)/N bytes sent per rank.
+void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<float> out, ReduceOp op);
+
+// Every rank contributes `in` (the same size on every rank); `out`
+// (N x in.size()) receives rank i's `in` at offset i x in.size(), on every
+// rank. Ring: N-1 rounds, (N-1) x in bytes sent per rank.
+void all_gather(Communicator& comm, std::span<const float> in, std::span<float> out);
+
 // In place: on return every rank's `data` holds root's `data`.
 void broadcast(Communicator& comm, std::span<std::byte> data, int root);
 inline void broadcast(Communicator& comm, std::span<float> data, int root) {
