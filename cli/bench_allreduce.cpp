@@ -32,6 +32,7 @@ struct Flags {
   int replicas = 8;
   std::string algorithm = "auto";
   int repeats = 0;  // 0: adaptive
+  bool no_verify = false;
   bool json = false;
 };
 
@@ -75,7 +76,7 @@ double memcpy_bandwidth() {
 }
 
 // Median seconds of one all-reduce of `bytes` per rank on `n` replicas.
-double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats) {
+double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
   auto comms = comm::make_thread_group({.world_size = n});
   const std::size_t count = bytes / sizeof(float);
   if (repeats <= 0) repeats = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
@@ -85,11 +86,12 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
     threads.emplace_back([&, r] {
       comm::Communicator& c = *comms[r];
       std::vector<float> buf(count, 1.0f);
-      for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, {.op = comm::ReduceOp::Sum, .algorithm = algorithm});
+      const comm::AllreduceOptions options{.op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
+      for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
       for (int i = 0; i < repeats; ++i) {
         comm::barrier(c);
         const auto t0 = Clock::now();
-        comm::allreduce(c, buf, {.op = comm::ReduceOp::Sum, .algorithm = algorithm});
+        comm::allreduce(c, buf, options);
         if (r == 0) samples[i] = std::chrono::duration<double>(Clock::now() - t0).count();
       }
     });
@@ -116,7 +118,7 @@ int run(const Flags& f) {
     std::printf("%12s %12s %12s %12s %10s\n", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "mem_ratio");
   }
   for (std::size_t bytes : sizes) {
-    const double t = time_allreduce(n, bytes, algorithm, f.repeats);
+    const double t = time_allreduce(n, bytes, algorithm, f.repeats, !f.no_verify);
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     const double ratio = 2.0 * n * bytes / t / memcpy_bw;
@@ -141,6 +143,7 @@ Action add_bench_allreduce_command(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "ring", "naive", "shared_memory"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")
       ->check(CLI::Range(0, 100000));
+  cmd->add_flag("--no-verify", flags->no_verify, "Skip the fingerprint check (to measure what it costs)");
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   return [flags] { return run(*flags); };
 }

@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs the whole test suite with CTest.
+# Sets up, builds, and runs the whole test suite with CTest:
+#   1. every test on the release build;
+#   2. the threaded code (comm, ddp, train) under ThreadSanitizer;
+#   3. every test under AddressSanitizer + UndefinedBehaviorSanitizer.
+# LOCKSTEP_SANITIZERS=0 skips 2 and 3 (a quick local run).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${LOCKSTEP_BUILD_DIR:-$root/build}"
+jobs="$(nproc)"
+
 "$root/scripts/build.sh"
-ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900
+ctest --test-dir "$build" --output-on-failure --parallel "$jobs" --timeout 900
+
+if [ "${LOCKSTEP_SANITIZERS:-1}" != "0" ]; then
+  echo "== ThreadSanitizer: comm, ddp, train" >&2
+  LOCKSTEP_BUILD_DIR="$root/build-tsan" "$root/scripts/build.sh" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_SANITIZE=thread
+  ctest --test-dir "$root/build-tsan" --output-on-failure --parallel "$jobs" --timeout 900 \
+    -R '^lockstep_(comm|ddp|train)_tests\.'
+  echo "== AddressSanitizer + UBSan: everything" >&2
+  LOCKSTEP_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_SANITIZE=address
+  ctest --test-dir "$root/build-asan" --output-on-failure --parallel "$jobs" --timeout 900
+fi

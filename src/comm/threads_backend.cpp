@@ -117,7 +117,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
 
   NativeAllreduce* native_allreduce() override { return this; }
   void check_fingerprint(const Fingerprint& fp) override {
-    detail::publish_and_check(*hub_, rank_, fp, timeout());
+    detail::publish_and_check(*hub_, rank_, fp, true, timeout());
   }
 
   CommStats stats() const override {
@@ -125,8 +125,8 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   }
 
  private:
-  void allreduce(std::span<float> data, const Fingerprint& fp) override {
-    detail::shared_memory_allreduce(*hub_, rank_, data, fp, timeout());
+  void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
+    detail::shared_memory_allreduce(*hub_, rank_, data, fp, verify, timeout());
     const std::size_t chunk = data.size() * (rank_ + 1) / size_ - data.size() * rank_ / size_;
     const std::uint64_t sent = (data.size() - chunk + chunk * (size_ - 1)) * sizeof(float);
     bytes_sent_ += sent;

@@ -70,10 +70,11 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp) {
   }
 }
 
-void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, Duration timeout) {
+void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, bool verify, Duration timeout) {
   auto& board = hub.fingerprints[fp.sequence % 2];
   board[rank] = fp;
   hub.barrier(rank, timeout, fp);
+  if (!verify) return;
   for (int j = 0; j < hub.size(); ++j) {
     if (board[j] == fp) continue;
     const std::string msg = "collective mismatch: rank " + std::to_string(rank) + " called " + describe(fp) +

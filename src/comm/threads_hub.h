@@ -29,7 +29,7 @@ struct Op {
 };
 
 struct Hub {
-  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
+  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)}, fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
   int size() const { return static_cast<int>(cv.size()); }
   std::mutex mu;
   std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
@@ -49,6 +49,8 @@ struct Hub {
   // two barriers. slots[r] is written only by rank r, read by all after the
   // first barrier.
   std::vector<float*> slots;
+  // Staged copies of small inputs, by sequence parity (shared_memory_allreduce.cpp).
+  std::vector<std::vector<float>> staging[2];
   // Fingerprints by sequence parity: a rank can start call s+2 only after
   // every rank has passed a barrier of call s+1, so by then nobody still
   // reads the board of call s.
@@ -71,10 +73,13 @@ struct Hub {
 
 // Publishes `fp`, waits for every rank, and compares all fingerprints;
 // throws CommAborted naming both sides on a mismatch (threads_barrier.cpp).
-void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, Duration timeout);
+// With verify false it only publishes and waits.
+void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, bool verify, Duration timeout);
 
-// The shared-memory all-reduce (shared_memory_allreduce.cpp).
-void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp,
+// The shared-memory all-reduce (shared_memory_allreduce.cpp); buffers up to
+// kStagedMaxBytes take one barrier instead of two.
+inline constexpr std::size_t kStagedMaxBytes = std::size_t{16} << 10;
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
                              Duration timeout);
 
 }  // namespace lockstep::comm::detail

@@ -22,6 +22,10 @@ enum class Algorithm {
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
   Algorithm algorithm = Algorithm::Auto;
+  // Check the call's fingerprint against every rank's (docs/algorithms.md
+  // gives its cost). false exists to measure that cost: mismatched calls then
+  // go undetected until a timeout, or worse.
+  bool verify = true;
 };
 
 const char* to_string(ReduceOp op);

@@ -72,8 +72,9 @@ std::string describe(const Fingerprint& fp);
 class NativeAllreduce {
  public:
   virtual ~NativeAllreduce() = default;
-  // `fingerprint` is this rank's; the backend checks it against the others'.
-  virtual void allreduce(std::span<float> data, const Fingerprint& fingerprint) = 0;
+  // `fingerprint` is this rank's; unless `verify` is false the backend checks
+  // it against the others'.
+  virtual void allreduce(std::span<float> data, const Fingerprint& fingerprint, bool verify) = 0;
 };
 
 class Communicator {
