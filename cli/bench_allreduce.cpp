@@ -51,13 +51,6 @@ std::size_t parse_size(const std::string& s) {
   return bytes;
 }
 
-comm::Algorithm parse_algorithm(const std::string& a) {
-  if (a == "ring") return comm::Algorithm::Ring;
-  if (a == "naive") return comm::Algorithm::Naive;
-  if (a == "shared_memory") return comm::Algorithm::SharedMemory;
-  return comm::Algorithm::Auto;
-}
-
 // Bytes read + written per second by one memcpy per core over 256 MiB.
 double memcpy_bandwidth() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -108,7 +101,7 @@ int run(const Flags& f) {
     sizes.push_back(parse_size(f.sizes.substr(pos, comma - pos)));
     pos = comma + 1;
   }
-  const auto algorithm = parse_algorithm(f.algorithm);
+  const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const double memcpy_bw = memcpy_bandwidth();
   const int n = f.replicas;
   nlohmann::json rows = nlohmann::json::array();
@@ -140,7 +133,7 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas")->check(CLI::Range(1, 1024));
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
-      ->check(CLI::IsMember({"auto", "ring", "naive", "shared_memory"}));
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")
       ->check(CLI::Range(0, 100000));
   cmd->add_flag("--no-verify", flags->no_verify, "Skip the fingerprint check (to measure what it costs)");

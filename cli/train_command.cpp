@@ -88,9 +88,7 @@ int run_train(TrainFlags& f) {
   c.shuffle = f.shuffle == "on";
   c.schedule = f.schedule == "cosine" ? optim::Schedule::Cosine : optim::Schedule::Constant;
   c.last_batch = f.last_batch == "keep" ? ddp::LastBatch::Keep : ddp::LastBatch::Drop;
-  c.algorithm = f.algorithm == "ring"    ? comm::Algorithm::Ring
-                : f.algorithm == "naive" ? comm::Algorithm::Naive
-                                         : comm::Algorithm::Auto;
+  c.algorithm = comm::algorithm_from_string(f.algorithm);
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
   if (!(f.timeout_s > 0)) throw InvalidArgument("--timeout must be a positive number of seconds");
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
@@ -151,7 +149,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--init", flags->init_file, "Start from these weights (safetensors) instead of a fresh init");
   cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
-  cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")->check(CLI::IsMember({"auto", "ring", "naive"}));
+  cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted");
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");

@@ -1,5 +1,6 @@
 // Front door of all-reduce: argument checks, algorithm choice, shared kernels.
 #include <algorithm>
+#include <string>
 
 #include "algorithms.h"
 #include "fingerprint.h"
@@ -26,6 +27,15 @@ const char* to_string(Algorithm algorithm) {
     case Algorithm::SharedMemory: return "shared_memory";
   }
   return "?";
+}
+
+Algorithm algorithm_from_string(std::string_view name) {
+  for (auto a : {Algorithm::Auto, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Naive,
+                 Algorithm::SharedMemory}) {
+    if (name == to_string(a)) return a;
+  }
+  throw InvalidArgument("unknown all-reduce algorithm '" + std::string(name) +
+                        "'; the choices are auto, ring, halving_doubling, naive, shared_memory");
 }
 
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {

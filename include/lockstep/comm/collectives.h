@@ -6,6 +6,7 @@
 #pragma once
 
 #include <span>
+#include <string_view>
 
 #include "lockstep/comm/communicator.h"
 
@@ -30,6 +31,8 @@ struct AllreduceOptions {
 
 const char* to_string(ReduceOp op);
 const char* to_string(Algorithm algorithm);
+// The inverse of to_string; throws InvalidArgument naming the choices.
+Algorithm algorithm_from_string(std::string_view name);
 
 // In place: on return every rank's `data` holds op(data of all ranks).
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
