@@ -1,6 +1,8 @@
 #include "lockstep/data/dataset.h"
 
 #include <gtest/gtest.h>
+
+#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,20 +42,8 @@ const Bytes kTestPixels = pixels(kTest, 7);
 const Bytes kTrainLabels = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4};  // max 4 -> 5 classes
 const Bytes kTestLabels = {4, 0, 2, 1};
 
-class DatasetTest : public ::testing::Test {
+class DatasetTest : public lockstep::testing::TempDirTest {
  protected:
-  void SetUp() override {
-#ifdef LOCKSTEP_TEST_TMPDIR
-    const fs::path base = LOCKSTEP_TEST_TMPDIR;
-#else
-    const fs::path base = fs::temp_directory_path();
-#endif
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = base / ("dataset_test_" + std::to_string(::getpid())) / info->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_.parent_path()); }
 
   void write(const std::string& name, std::vector<std::int64_t> dims, const Bytes& data,
              std::uint8_t type = 0x08) {
@@ -82,7 +72,6 @@ class DatasetTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
 };
 
 void expect_pixels(const Dataset& set, const Bytes& raw, const Bytes& labels) {

@@ -1,6 +1,8 @@
 #include "lockstep/data/idx.h"
 
 #include <gtest/gtest.h>
+
+#include "temp_dir_test.h"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -80,20 +82,8 @@ void write_gzip_raw(const fs::path& p, const Bytes& b) {
   ASSERT_EQ(gzclose(gz), Z_OK);
 }
 
-class IdxTest : public ::testing::Test {
+class IdxTest : public lockstep::testing::TempDirTest {
  protected:
-  void SetUp() override {
-#ifdef LOCKSTEP_TEST_TMPDIR
-    const fs::path base = LOCKSTEP_TEST_TMPDIR;
-#else
-    const fs::path base = fs::temp_directory_path();
-#endif
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = base / ("idx_test_" + std::to_string(::getpid())) / info->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_.parent_path()); }
 
   // Runs read_idx on `p`, expects IoError, and checks the message names the
   // file and contains every word in `words`.
@@ -108,7 +98,6 @@ class IdxTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
 };
 
 TEST_F(IdxTest, RoundTripPlainWritesExactBytes) {

@@ -1,6 +1,8 @@
 #include "lockstep/nn/safetensors.h"
 
 #include <gtest/gtest.h>
+
+#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <bit>
@@ -17,20 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public lockstep::testing::TempDirTest {
  protected:
-  void SetUp() override {
-#ifdef LOCKSTEP_TEST_TMPDIR
-    const fs::path base = LOCKSTEP_TEST_TMPDIR;
-#else
-    const fs::path base = fs::temp_directory_path();
-#endif
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = base / ("safetensors_test_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static std::string read_bytes(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
@@ -75,7 +65,6 @@ class SafetensorsTest : public ::testing::Test {
         std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
 
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsTest, RoundTripKeepsNamesShapesBitsAndMetadata) {

@@ -1,6 +1,8 @@
 #include "lockstep/nn/weights_file.h"
 
 #include <gtest/gtest.h>
+
+#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <cstring>
@@ -17,20 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class WeightsFileTest : public ::testing::Test {
+class WeightsFileTest : public lockstep::testing::TempDirTest {
  protected:
-  void SetUp() override {
-#ifdef LOCKSTEP_TEST_TMPDIR
-    const fs::path base = LOCKSTEP_TEST_TMPDIR;
-#else
-    const fs::path base = fs::temp_directory_path();
-#endif
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = base / ("weights_file_test_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static std::unique_ptr<Model> mlp(std::vector<std::int64_t> hidden, std::uint64_t seed) {
     auto m = make_mlp(20, hidden, 4);
@@ -48,7 +38,6 @@ class WeightsFileTest : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
 };
 
 TEST_F(WeightsFileTest, RoundTripIsBitwise) {
