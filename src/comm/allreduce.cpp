@@ -46,7 +46,7 @@ namespace detail {
 
 void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOptions& options,
                   CollectiveKind kind) {
-  const Fingerprint fp = start_collective(comm, kind, options.op, DataType::Float32, data.size());
+  Fingerprint fp = start_collective(comm, kind, options.op, DataType::Float32, data.size());
   if (comm.size() == 1) {
     finish(data, options.op, 1);
     return;
@@ -62,10 +62,11 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
                 : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
                                                                : Algorithm::Ring;
   }
-  if (algorithm == Algorithm::SharedMemory && native == nullptr) {
-    throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
-  }
+  fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
   run_collective(comm, fp, [&] {
+    if (algorithm == Algorithm::SharedMemory && native == nullptr) {
+      throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
+    }
     if (algorithm == Algorithm::SharedMemory) return native->allreduce(data, fp, options.verify);
     if (options.verify) comm.check_fingerprint(fp);
     switch (algorithm) {

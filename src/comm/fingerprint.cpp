@@ -26,7 +26,9 @@ std::string describe(const Fingerprint& fp) {
   s += fp.dtype == DataType::Float32 ? "float32, " : "bytes, ";
   s += std::to_string(fp.count) + " elements";
   if (fp.root >= 0) s += ", root " + std::to_string(fp.root);
-  return s + ", seq " + std::to_string(fp.sequence) + ")";
+  s += ", seq " + std::to_string(fp.sequence);
+  if (fp.algorithm != 0) s += std::string(", ") + to_string(static_cast<Algorithm>(fp.algorithm));
+  return s + ")";
 }
 
 namespace detail {

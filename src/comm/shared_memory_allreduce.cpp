@@ -74,7 +74,11 @@ void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fi
     finish({acc, len}, op, n);
     for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
   }
-  hub.barrier(rank, timeout, fp);
+  // Note [Nobody leaves while others write]: past the first barrier every
+  // rank writes into every other rank's buffer, so no rank may return (and
+  // perhaps free its buffer) before all have finished. Phase 2 cannot block,
+  // so this barrier ignores aborts and waits for everyone.
+  hub.barrier(rank, timeout, fp, /*interruptible=*/false);
 }
 
 }  // namespace lockstep::comm::detail

@@ -37,6 +37,19 @@ class ThreadWork final : public Work {
   ThreadWork(std::shared_ptr<Hub> hub, std::shared_ptr<Op> op, int owner)
       : hub_(std::move(hub)), op_(std::move(op)), owner_(owner) {}
 
+  // A Work dropped without wait() (an exception unwinding past it) must not
+  // leave its buffer to a peer: unpark the op, or wait out a copy in flight
+  // (Note [Buffer lifetime on abort]). Never throws.
+  ~ThreadWork() override {
+    if (!op_) return;
+    std::unique_lock lock(hub_->mu);
+    if (op_->state == OpState::kParked) {
+      unpark_locked();
+      return;
+    }
+    hub_->cv[owner_].wait(lock, [&] { return op_->state == OpState::kDone; });
+  }
+
   void wait(Duration timeout) override {
     if (!op_) return;
     std::unique_lock lock(hub_->mu);

@@ -1,12 +1,15 @@
 // The threads backend's barrier.
 //
-// Arrival is one atomic increment; the last rank to arrive resets the counter,
-// bumps the generation and wakes the sleepers. Waiters first yield the core a
-// few hundred times (cheap when ranks outnumber cores: the yield runs a rank
-// that still has work), then sleep on the generation with a futex, whose
-// timeout bounds the wait. The counter is reset before the generation moves,
-// so a rank that has seen the new generation can arrive at the next barrier
-// at once.
+// The state is one 64-bit word, generation << 32 | ranks arrived. Arrival is
+// one atomic increment; the last rank to arrive moves the word to
+// (generation + 1, 0) with a compare-exchange and wakes the sleepers. Waiters
+// first yield the core a few hundred times (cheap when ranks outnumber cores:
+// the yield runs a rank that still has work), then sleep on a futex word that
+// every completion and every abort bumps, so neither can be missed between a
+// check and the sleep. A rank that gives up (abort, timeout) withdraws its
+// arrival with a compare-exchange on the same word: either the barrier had
+// already completed, and the rank goes on as a member of it, or it never
+// completes without that rank.
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -32,41 +35,59 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 
 }  // namespace
 
-void Hub::wake_barrier() { futex_wake_all(barrier_generation); }
+void Hub::wake_barrier() {
+  wake_epoch.fetch_add(1, std::memory_order_release);
+  futex_wake_all(wake_epoch);
+}
 
-void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp) {
+void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interruptible) {
   auto aborted_error = [&] {
     std::lock_guard lock(mu);
     return CommAborted("rank " + std::to_string(rank) + ": communicator aborted: " + abort_reason);
   };
-  if (aborted_flag.load()) throw aborted_error();
-  const std::uint32_t generation = barrier_generation.load(std::memory_order_acquire);
-  if (barrier_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size())) {
-    barrier_arrived.store(0, std::memory_order_relaxed);
-    barrier_generation.fetch_add(1, std::memory_order_release);
-    futex_wake_all(barrier_generation);
+  if (interruptible && aborted_flag.load()) throw aborted_error();
+  const auto n = static_cast<std::uint64_t>(size());
+  std::uint64_t state = barrier_state.fetch_add(1, std::memory_order_acq_rel) + 1;
+  const std::uint64_t generation = state >> 32;
+  // The last to arrive completes the barrier, unless someone withdrew meanwhile.
+  if ((state & 0xffffffffu) == n &&
+      barrier_state.compare_exchange_strong(state, (generation + 1) << 32, std::memory_order_acq_rel)) {
+    wake_barrier();
     return;
   }
+  auto completed = [&] { return (barrier_state.load(std::memory_order_acquire) >> 32) != generation; };
   for (int spin = 0; spin < 200; ++spin) {
-    if (barrier_generation.load(std::memory_order_acquire) != generation) return;
+    if (completed()) return;
     sched_yield();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (barrier_generation.load(std::memory_order_acquire) == generation) {
-    if (aborted_flag.load()) throw aborted_error();
+  for (;;) {
+    const std::uint32_t epoch = wake_epoch.load(std::memory_order_acquire);
+    if (completed()) return;
     const auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::nanoseconds::zero()) {
-      const std::string msg = "rank " + std::to_string(rank) + ": " + describe(fp) + " timed out after " +
-                              std::to_string(timeout.count()) + " ms waiting for " +
-                              std::to_string(size() - static_cast<int>(barrier_arrived.load())) +
-                              " other rank(s)";
-      {
-        std::lock_guard lock(mu);
-        abort_locked(msg);
+    const bool timed_out = left <= std::chrono::nanoseconds::zero();
+    if (interruptible && (timed_out || aborted_flag.load())) {
+      // Withdraw, unless the barrier completed meanwhile: then we are in it.
+      std::uint64_t cur = barrier_state.load(std::memory_order_acquire);
+      while ((cur >> 32) == generation) {
+        if (!barrier_state.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) continue;
+        if (!timed_out) throw aborted_error();
+        const std::string msg = "rank " + std::to_string(rank) + ": " + describe(fp) + " timed out after " +
+                                std::to_string(timeout.count()) + " ms waiting for " +
+                                std::to_string(n - (cur & 0xffffffffu)) + " other rank(s)";
+        {
+          std::lock_guard lock(mu);
+          abort_locked(msg);
+        }
+        throw TimeoutError(msg);
       }
-      throw TimeoutError(msg);
+      return;
     }
-    futex_wait(barrier_generation, generation, left);
+    // Sleep until a completion or an abort bumps the epoch (or 100 ms pass,
+    // for a barrier that may not be interrupted).
+    const auto nap = timed_out ? std::chrono::nanoseconds(std::chrono::milliseconds(100))
+                               : std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(100));
+    futex_wait(wake_epoch, epoch, nap);
   }
 }
 

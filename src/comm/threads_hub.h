@@ -39,10 +39,11 @@ struct Hub {
   bool aborted = false;      // guarded by mu
   std::string abort_reason;  // guarded by mu
 
-  // Barrier: a counter and a generation number, waited on with a futex so
-  // that passing it needs no mutex (see Hub::barrier).
-  std::atomic<std::uint32_t> barrier_arrived{0};
-  std::atomic<std::uint32_t> barrier_generation{0};
+  // Barrier (threads_barrier.cpp): generation << 32 | ranks arrived, in one
+  // word so that a rank can withdraw its arrival atomically; and a futex word
+  // bumped by every completion and every abort.
+  std::atomic<std::uint64_t> barrier_state{0};
+  std::atomic<std::uint32_t> wake_epoch{0};
   std::atomic<bool> aborted_flag{false};  // mirrors `aborted` for lock-free readers
 
   // Shared-memory collectives: each rank publishes its buffer here between
@@ -66,9 +67,13 @@ struct Hub {
   }
   void wake_barrier();
 
-  // Blocks until all ranks have arrived. Throws CommAborted if the group is
-  // aborted, TimeoutError (and aborts the group) after `timeout`.
-  void barrier(int rank, Duration timeout, const Fingerprint& fp);
+  // Blocks until all ranks have arrived. Interruptible: throws CommAborted
+  // if the group is aborted, TimeoutError (and aborts the group) after
+  // `timeout`, and in both cases withdraws this rank's arrival first, so the
+  // barrier cannot complete without it. Not interruptible: waits for every
+  // rank whatever happens; only for ranks that are past an earlier barrier of
+  // the same call and cannot block (Note [Nobody leaves while others write]).
+  void barrier(int rank, Duration timeout, const Fingerprint& fp, bool interruptible = true);
 };
 
 // Publishes `fp`, waits for every rank, and compares all fingerprints;

@@ -179,7 +179,7 @@ TEST(Failure, SharedMemoryMissingPeerTimesOutNamingTheCollective) {
       std::rethrow_exception(errors[r]);
     } catch (const TimeoutError& e) {
       ++timeouts;
-      EXPECT_NE(std::string(e.what()).find("allreduce(sum, float32, 10 elements, seq 0) timed out"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce(sum, float32, 10 elements, seq 0, shared_memory) timed out"), std::string::npos) << e.what();
     } catch (const CommAborted&) {
     }
   }

@@ -105,9 +105,22 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(info.param.algorithm)) + (info.param.p2p_only ? "_p2p" : "_threads");
     });
 
+// A rank on another algorithm would read stale buffers or never meet its
+// peers; the resolved algorithm is part of the fingerprint.
+TEST(Fingerprint, DifferentAlgorithmOnOneRankIsAMismatch) {
+  expect_mismatch(
+      [](Communicator& c) {
+        std::vector<float> data(1000, 1.0f);
+        allreduce(c, data,
+                  {.op = ReduceOp::Sum, .algorithm = c.rank() == 1 ? Algorithm::Ring : Algorithm::SharedMemory});
+      },
+      "ring)");
+}
+
 TEST(Fingerprint, DescribeNamesEveryField) {
-  const Fingerprint fp{12, CollectiveKind::Allreduce, ReduceOp::Mean, DataType::Float32, 1000, -1};
-  EXPECT_EQ(describe(fp), "allreduce(mean, float32, 1000 elements, seq 12)");
+  const Fingerprint fp{12, CollectiveKind::Allreduce, ReduceOp::Mean, DataType::Float32, 1000, -1,
+                       static_cast<std::uint32_t>(Algorithm::Ring)};
+  EXPECT_EQ(describe(fp), "allreduce(mean, float32, 1000 elements, seq 12, ring)");
   const Fingerprint b{3, CollectiveKind::Broadcast, ReduceOp::Sum, DataType::Bytes, 64, 2};
   EXPECT_EQ(describe(b), "broadcast(bytes, 64 elements, root 2, seq 3)");
 }

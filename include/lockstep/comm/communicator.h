@@ -60,10 +60,11 @@ struct Fingerprint {
   DataType dtype = DataType::Float32;
   std::uint64_t count = 0;  // elements per rank
   std::int32_t root = -1;   // -1 where there is none
+  std::uint32_t algorithm = 0;  // the comm::Algorithm the call resolved to; 0 where there is no choice
   bool operator==(const Fingerprint&) const = default;
 };
 
-// e.g. "allreduce(mean, float32, 1000 elements, seq 12)"
+// e.g. "allreduce(mean, float32, 1000 elements, seq 12, ring)"
 std::string describe(const Fingerprint& fp);
 
 // A backend's own all-reduce, offered where it beats the generic algorithms
