@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -45,7 +46,9 @@ std::size_t parse_size(const std::string& s) {
   else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
   else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
   else if (!unit.empty() && unit != "B") throw InvalidArgument("--sizes: cannot read '" + s + "'; use e.g. 4K,1M,256M");
-  if (end == s.c_str() || !(v >= 0)) throw InvalidArgument("--sizes: cannot read '" + s + "'; use e.g. 4K,1M,256M");
+  if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
+    throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
+  }
   const auto bytes = static_cast<std::size_t>(v * mult);
   if (bytes % sizeof(float) != 0) throw InvalidArgument("--sizes: " + s + " is not a whole number of floats");
   return bytes;
@@ -74,10 +77,12 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
   const std::size_t count = bytes / sizeof(float);
   if (repeats <= 0) repeats = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
   std::vector<double> samples(repeats);
+  std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       comm::Communicator& c = *comms[r];
+      try {
       std::vector<float> buf(count, 1.0f);
       const comm::AllreduceOptions options{.op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
       for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
@@ -87,9 +92,15 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
         comm::allreduce(c, buf, options);
         if (r == 0) samples[i] = std::chrono::duration<double>(Clock::now() - t0).count();
       }
+      } catch (...) {  // e.g. out of memory for a huge size: stop the others, report after join
+        errors[r] = std::current_exception();
+        c.abort("rank " + std::to_string(r) + " failed");
+      }
     });
   }
   for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
 }

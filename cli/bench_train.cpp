@@ -24,7 +24,6 @@ struct BenchFlags {
   std::int64_t warmup = 10;
   int repeats = 3;
   bool json = false;
-  std::string hidden = "512,512";
 };
 
 int run_bench_train(const BenchFlags& f) {

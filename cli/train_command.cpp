@@ -52,6 +52,9 @@ std::vector<std::int64_t> parse_hidden(const std::string& text) {
 // Fails before training, not after it, if the output cannot be written.
 void check_writable(const std::string& path, const char* flag) {
   if (path.empty()) return;
+  if (std::filesystem::is_directory(path)) {
+    throw InvalidArgument(std::string(flag) + " " + path + " is a directory; give a file name.");
+  }
   const auto parent = std::filesystem::absolute(path).parent_path();
   if (!std::filesystem::is_directory(parent) || access(parent.c_str(), W_OK) != 0) {
     throw InvalidArgument(std::string(flag) + " " + path + ": the directory " + parent.string() +
@@ -68,9 +71,10 @@ class ProgressPrinter {
     std::snprintf(line, sizeof line, "epoch %lld  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s",
                   (long long)p.epoch + 1, (long long)p.step, (long long)p.total_steps, p.loss, p.lr,
                   p.samples_per_s);
+    // On a terminal one line is rewritten in place; elsewhere every update is a line.
     if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
     if (p.test_accuracy) {
-      std::fprintf(stderr, "%s%s  test accuracy %.4f\n", tty_ ? "" : "", tty_ ? "" : line, *p.test_accuracy);
+      std::fprintf(stderr, "%s  test accuracy %.4f\n", tty_ ? "" : line, *p.test_accuracy);
     } else if (!tty_) {
       std::fprintf(stderr, "%s\n", line);
     }
@@ -90,7 +94,6 @@ int run_train(TrainFlags& f) {
   c.last_batch = f.last_batch == "keep" ? ddp::LastBatch::Keep : ddp::LastBatch::Drop;
   c.algorithm = comm::algorithm_from_string(f.algorithm);
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
-  if (!(f.timeout_s > 0)) throw InvalidArgument("--timeout must be a positive number of seconds");
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   check_writable(f.save_file, "--save");
   check_writable(f.report_file, "--report");
@@ -116,7 +119,15 @@ int run_train(TrainFlags& f) {
   }
   if (!f.report_file.empty()) {
     const std::string tmp = f.report_file + ".tmp";
-    std::ofstream(tmp) << train::report_json(c, result);
+    {
+      std::ofstream out(tmp);
+      out << train::report_json(c, result);
+      out.close();
+      if (!out) {
+        std::filesystem::remove(tmp);
+        throw IoError(f.report_file + ": could not write the report (disk full or not writable).");
+      }
+    }
     std::filesystem::rename(tmp, f.report_file);
   }
   return 0;
@@ -150,7 +161,8 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
-  cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted");
+  cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
+      ->check(CLI::Range(0.001, 1e6));
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");
   return [flags] { return run_train(*flags); };

@@ -21,9 +21,9 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
   const std::size_t count = in.size();
   const std::size_t mine = detail::chunk_begin(count, n, r);
   if (out.size() != detail::chunk_begin(count, n, r + 1) - mine) {
-    throw InvalidArgument("reduce_scatter: rank " + std::to_string(r) + " needs an output of " +
-                          std::to_string(detail::chunk_begin(count, n, r + 1) - mine) + " elements, got " +
-                          std::to_string(out.size()));
+    detail::invalid_call(comm, "reduce_scatter: rank " + std::to_string(r) + " needs an output of " +
+                                   std::to_string(detail::chunk_begin(count, n, r + 1) - mine) +
+                                   " elements, got " + std::to_string(out.size()));
   }
   const Fingerprint fp = detail::start_collective(comm, CollectiveKind::ReduceScatter, op, DataType::Float32, count);
   detail::run_collective(comm, fp, [&] {
@@ -59,8 +59,8 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
   const int n = comm.size(), r = comm.rank();
   const std::size_t block = in.size();
   if (out.size() != block * static_cast<std::size_t>(n)) {
-    throw InvalidArgument("all_gather: the output must hold " + std::to_string(n) + " x " + std::to_string(block) +
-                          " elements, got " + std::to_string(out.size()));
+    detail::invalid_call(comm, "all_gather: the output must hold " + std::to_string(n) + " x " +
+                                   std::to_string(block) + " elements, got " + std::to_string(out.size()));
   }
   const Fingerprint fp = detail::start_collective(comm, CollectiveKind::AllGather, ReduceOp::Sum, DataType::Float32, block);
   detail::run_collective(comm, fp, [&] {

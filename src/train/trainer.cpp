@@ -58,7 +58,12 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   }
 
   // Replicas share the cores: one BLAS thread each, unless there is only one.
+  // OpenBLAS's thread count is process-wide: set it for this run, restore it after.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  struct BlasThreads {
+    int previous = nn::blas_threads();
+    ~BlasThreads() { nn::set_blas_threads(previous); }
+  } restore_blas_threads;
   nn::set_blas_threads(c.replicas >= cores ? 1 : std::max(1, cores / c.replicas));
 
   auto comms = comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout});

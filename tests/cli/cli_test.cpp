@@ -100,6 +100,11 @@ TEST(Cli, UnwritableSaveFailsBeforeTraining) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("/nonexistent/dir"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "trained before failing";
+  // A directory where a file is wanted: refused before training, not after.
+  const CliRun d = run("train --data " + dir.string() + " --steps 1 --save " + dir.string());
+  EXPECT_EQ(d.code, 2);
+  EXPECT_NE(d.output.find("is a directory"), std::string::npos) << d.output;
+  EXPECT_EQ(run("train --data " + dir.string() + " --steps 1 --timeout 1e12").code, 2);
 }
 
 TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {

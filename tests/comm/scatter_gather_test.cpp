@@ -50,6 +50,19 @@ TEST(AllGather, EveryRankGetsEveryBlockInRankOrder) {
   }
 }
 
+TEST(ScatterGather, AnArgumentErrorOnOneRankStopsEveryRankAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> in(9), out(comm.rank() == 1 ? 4 : 3);
+        reduce_scatter(comm, in, out, ReduceOp::Sum);
+      },
+      std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "others waited for a timeout";
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(errors[r]) << "rank " << r;
+}
+
 TEST(ScatterGather, WrongOutputSizesAreRefused) {
   auto errors = run_ranks(2, [](Communicator& comm) {
     std::vector<float> in(10), out(3);
