@@ -42,10 +42,14 @@ std::size_t parse_size(const std::string& s) {
   const double v = std::strtod(s.c_str(), &end);
   std::string unit(end);
   double mult = 1;
-  if (unit == "K" || unit == "KiB") mult = 1024;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw InvalidArgument("--sizes: cannot read '" + s + "'; use e.g. 4K,1M,256M");
+  if (unit == "K" || unit == "KiB")
+    mult = 1024;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    throw InvalidArgument("--sizes: cannot read '" + s + "'; use e.g. 4K,1M,256M");
   if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
   }
@@ -63,7 +67,8 @@ double memcpy_bandwidth() {
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
     std::vector<std::thread> t;
-    for (int c = 0; c < cores; ++c) t.emplace_back([&, c] { std::memcpy(dst[c].data(), src[c].data(), per); });
+    for (int c = 0; c < cores; ++c)
+      t.emplace_back([&, c] { std::memcpy(dst[c].data(), src[c].data(), per); });
     for (auto& th : t) th.join();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, 2.0 * per * cores / s);
@@ -75,7 +80,8 @@ double memcpy_bandwidth() {
 double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
   auto comms = comm::make_thread_group({.world_size = n});
   const std::size_t count = bytes / sizeof(float);
-  if (repeats <= 0) repeats = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
+  if (repeats <= 0)
+    repeats = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
   std::vector<double> samples(repeats);
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
@@ -83,15 +89,16 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
     threads.emplace_back([&, r] {
       comm::Communicator& c = *comms[r];
       try {
-      std::vector<float> buf(count, 1.0f);
-      const comm::AllreduceOptions options{.op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
-      for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
-      for (int i = 0; i < repeats; ++i) {
-        comm::barrier(c);
-        const auto t0 = Clock::now();
-        comm::allreduce(c, buf, options);
-        if (r == 0) samples[i] = std::chrono::duration<double>(Clock::now() - t0).count();
-      }
+        std::vector<float> buf(count, 1.0f);
+        const comm::AllreduceOptions options{
+            .op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
+        for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
+        for (int i = 0; i < repeats; ++i) {
+          comm::barrier(c);
+          const auto t0 = Clock::now();
+          comm::allreduce(c, buf, options);
+          if (r == 0) samples[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+        }
       } catch (...) {  // e.g. out of memory for a huge size: stop the others, report after join
         errors[r] = std::current_exception();
         c.abort("rank " + std::to_string(r) + " failed");
@@ -117,8 +124,10 @@ int run(const Flags& f) {
   const int n = f.replicas;
   nlohmann::json rows = nlohmann::json::array();
   if (!f.json) {
-    std::printf("all-reduce (float sum), %d replicas, algorithm %s; memcpy bandwidth %.1f GB/s (read+write, all cores)\n\n",
-                n, f.algorithm.c_str(), memcpy_bw / 1e9);
+    std::printf(
+        "all-reduce (float sum), %d replicas, algorithm %s; memcpy bandwidth %.1f GB/s (read+write, all "
+        "cores)\n\n",
+        n, f.algorithm.c_str(), memcpy_bw / 1e9);
     std::printf("%12s %12s %12s %12s %10s\n", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "mem_ratio");
   }
   for (std::size_t bytes : sizes) {
@@ -126,8 +135,13 @@ int run(const Flags& f) {
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     const double ratio = 2.0 * n * bytes / t / memcpy_bw;
-    rows.push_back({{"bytes", bytes}, {"algorithm", f.algorithm}, {"replicas", n}, {"time_us", t * 1e6},
-                    {"algbw_gbps", algbw}, {"busbw_gbps", busbw}, {"memory_traffic_ratio", ratio},
+    rows.push_back({{"bytes", bytes},
+                    {"algorithm", f.algorithm},
+                    {"replicas", n},
+                    {"time_us", t * 1e6},
+                    {"algbw_gbps", algbw},
+                    {"busbw_gbps", busbw},
+                    {"memory_traffic_ratio", ratio},
                     {"memcpy_gbps", memcpy_bw / 1e9}});
     if (!f.json) std::printf("%12zu %12.1f %12.2f %12.2f %10.2f\n", bytes, t * 1e6, algbw, busbw, ratio);
   }
@@ -139,7 +153,8 @@ int run(const Flags& f) {
 
 Action add_bench_allreduce_command(CLI::App& bench) {
   auto flags = std::make_shared<Flags>();
-  CLI::App* cmd = bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
+  CLI::App* cmd =
+      bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas")->check(CLI::Range(1, 1024));

@@ -93,12 +93,16 @@ int run_bench_train(const BenchFlags& f) {
 
 Action add_bench_train_command(CLI::App& bench) {
   auto flags = std::make_shared<BenchFlags>();
-  CLI::App* cmd = bench.add_subcommand("train", "Training throughput and MFU for 8 x 32, 2 x 128 and 1 x 256");
+  CLI::App* cmd =
+      bench.add_subcommand("train", "Training throughput and MFU for 8 x 32, 2 x 128 and 1 x 256");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
-  cmd->add_option("--steps", flags->steps, "Timed steps per run")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  cmd->add_option("--warmup", flags->warmup, "Untimed steps before each run")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
-  cmd->add_option("--repeats", flags->repeats, "Runs per configuration; the median is reported")->check(CLI::Range(1, 100));
+  cmd->add_option("--steps", flags->steps, "Timed steps per run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd->add_option("--warmup", flags->warmup, "Untimed steps before each run")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  cmd->add_option("--repeats", flags->repeats, "Runs per configuration; the median is reported")
+      ->check(CLI::Range(1, 100));
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   return [flags] { return run_bench_train(*flags); };
 }

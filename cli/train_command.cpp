@@ -40,8 +40,8 @@ std::vector<std::int64_t> parse_hidden(const std::string& text) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
-      throw InvalidArgument("--hidden must be a comma-separated list of positive widths such as 512,512; got '" +
-                            text + "'");
+      throw InvalidArgument(
+          "--hidden must be a comma-separated list of positive widths such as 512,512; got '" + text + "'");
     }
     out.push_back(v);
     pos = comma + 1;
@@ -138,32 +138,52 @@ int run_train(TrainFlags& f) {
 Action add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   auto& c = flags->config;
-  CLI::App* cmd = app.add_subcommand("train", "Train a model with N replicas in lockstep (defaults: Fashion-MNIST, 8 x 32, MLP 784-512-512-10, 10 epochs)");
+  CLI::App* cmd = app.add_subcommand("train",
+                                     "Train a model with N replicas in lockstep (defaults: Fashion-MNIST, 8 "
+                                     "x 32, MLP 784-512-512-10, 10 epochs)");
   cmd->option_defaults()->always_capture_default();
-  cmd->add_option("--replicas", c.replicas, "Number of replicas (threads), each with a full copy of the model")->check(CLI::Range(1, 1024));
-  cmd->add_option("--micro-batch", c.micro_batch, "Samples per replica per step; global batch = replicas x micro-batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
-  cmd->add_option("--epochs", c.epochs, "Epochs to train")->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
-  cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--replicas", c.replicas,
+                  "Number of replicas (threads), each with a full copy of the model")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--micro-batch", c.micro_batch,
+                  "Samples per replica per step; global batch = replicas x micro-batch")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_option("--epochs", c.epochs, "Epochs to train")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
+  cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--model", c.model, "Model")->check(CLI::IsMember({"mlp"}));
   cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
   cmd->add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"sgd", "adamw"}));
-  flags->lr_option = cmd->add_option("--lr", c.lr, "Peak learning rate (default 0.1 for sgd, 0.001 for adamw)")->check(CLI::PositiveNumber);
-  cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")->check(CLI::IsMember({"cosine", "constant"}));
+  flags->lr_option =
+      cmd->add_option("--lr", c.lr, "Peak learning rate (default 0.1 for sgd, 0.001 for adamw)")
+          ->check(CLI::PositiveNumber);
+  cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")
+      ->check(CLI::IsMember({"cosine", "constant"}));
   cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
   cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order");
-  cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--last-batch", flags->last_batch, "An epoch's last partial global batch: drop it, or keep it as ragged shards weighted by sample count")->check(CLI::IsMember({"drop", "keep"}));
-  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
+  cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--last-batch", flags->last_batch,
+                  "An epoch's last partial global batch: drop it, or keep it as ragged shards weighted by "
+                  "sample count")
+      ->check(CLI::IsMember({"drop", "keep"}));
+  cmd->add_option("--data", flags->data_dir,
+                  "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
-  cmd->add_option("--init", flags->init_file, "Start from these weights (safetensors) instead of a fresh init");
+  cmd->add_option("--init", flags->init_file,
+                  "Start from these weights (safetensors) instead of a fresh init");
   cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
-  cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
+  cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
       ->check(CLI::Range(0.001, 1e6));
-  cmd->add_option("--log-every", c.log_every, "Progress every this many steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");
   return [flags] { return run_train(*flags); };
 }

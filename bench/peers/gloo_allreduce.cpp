@@ -31,7 +31,9 @@ double median_us(const std::shared_ptr<gloo::Context>& context, std::size_t byte
     barrier.run();
     const auto t0 = std::chrono::steady_clock::now();
     algorithm.run();
-    if (r >= 2) samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    if (r >= 2)
+      samples.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
@@ -53,8 +55,14 @@ int main(int argc, char** argv) {
     const double ring = median_us<gloo::AllreduceRingChunked<float>>(context, bytes);
     const double hd = median_us<gloo::AllreduceHalvingDoubling<float>>(context, bytes);
     if (rank == 0) {
-      std::printf("{\"peer\": \"gloo\", \"algorithm\": \"AllreduceRingChunked\", \"bytes\": %zu, \"time_us\": %.2f}\n", bytes, ring);
-      std::printf("{\"peer\": \"gloo\", \"algorithm\": \"AllreduceHalvingDoubling\", \"bytes\": %zu, \"time_us\": %.2f}\n", bytes, hd);
+      std::printf(
+          "{\"peer\": \"gloo\", \"algorithm\": \"AllreduceRingChunked\", \"bytes\": %zu, \"time_us\": "
+          "%.2f}\n",
+          bytes, ring);
+      std::printf(
+          "{\"peer\": \"gloo\", \"algorithm\": \"AllreduceHalvingDoubling\", \"bytes\": %zu, \"time_us\": "
+          "%.2f}\n",
+          bytes, hd);
       std::fflush(stdout);
     }
   }

@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
     const std::size_t bytes = std::strtoull(argv[i], nullptr, 10);
     const std::size_t count = bytes / sizeof(float);
     std::vector<float> buf(count, 1.0f);
-    const int reps = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(double(bytes) * size, 1), 5, 500));
+    const int reps =
+        static_cast<int>(std::clamp<double>(2e8 / std::max<double>(double(bytes) * size, 1), 5, 500));
     std::vector<double> samples;
     for (int r = 0; r < reps + 2; ++r) {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -27,8 +28,9 @@ int main(int argc, char** argv) {
     }
     std::sort(samples.begin(), samples.end());
     if (rank == 0) {
-      std::printf("{\"peer\": \"openmpi\", \"algorithm\": \"MPI_Allreduce\", \"bytes\": %zu, \"time_us\": %.2f}\n", bytes,
-                  samples[samples.size() / 2] * 1e6);
+      std::printf(
+          "{\"peer\": \"openmpi\", \"algorithm\": \"MPI_Allreduce\", \"bytes\": %zu, \"time_us\": %.2f}\n",
+          bytes, samples[samples.size() / 2] * 1e6);
       std::fflush(stdout);
     }
   }

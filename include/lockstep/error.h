@@ -41,15 +41,14 @@ class CommAborted : public Error {
 };
 
 namespace detail {
-[[noreturn]] void throw_check_failure(const char* file, int line, const char* cond,
-                                      const std::string& msg);
+[[noreturn]] void throw_check_failure(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
 }  // namespace lockstep
 
 // Throws lockstep::Error naming file:line when `cond` is false. For internal
 // invariants; user-facing validation throws InvalidArgument/IoError directly.
-#define LOCKSTEP_CHECK(cond, msg)                                                    \
-  do {                                                                               \
+#define LOCKSTEP_CHECK(cond, msg)                                                           \
+  do {                                                                                      \
     if (!(cond)) ::lockstep::detail::throw_check_failure(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

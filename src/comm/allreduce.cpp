@@ -10,21 +10,30 @@ namespace lockstep::comm {
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Mean:
+      return "mean";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
 
 const char* to_string(Algorithm algorithm) {
   switch (algorithm) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Ring: return "ring";
-    case Algorithm::Naive: return "naive";
-    case Algorithm::HalvingDoubling: return "halving_doubling";
-    case Algorithm::SharedMemory: return "shared_memory";
+    case Algorithm::Auto:
+      return "auto";
+    case Algorithm::Ring:
+      return "ring";
+    case Algorithm::Naive:
+      return "naive";
+    case Algorithm::HalvingDoubling:
+      return "halving_doubling";
+    case Algorithm::SharedMemory:
+      return "shared_memory";
   }
   return "?";
 }
@@ -58,7 +67,7 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
     // and synchronises twice; otherwise the ring for large buffers (bandwidth-
     // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
     // 2(N-1)). The rule and its measurements: docs/algorithms.md.
-    algorithm = native != nullptr                                ? Algorithm::SharedMemory
+    algorithm = native != nullptr                              ? Algorithm::SharedMemory
                 : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
                                                                : Algorithm::Ring;
   }
@@ -70,9 +79,12 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
     if (algorithm == Algorithm::SharedMemory) return native->allreduce(data, fp, options.verify);
     if (options.verify) comm.check_fingerprint(fp);
     switch (algorithm) {
-      case Algorithm::Naive: return naive_allreduce(comm, data, options.op, fp.sequence);
-      case Algorithm::HalvingDoubling: return halving_doubling_allreduce(comm, data, options.op, fp.sequence);
-      default: return ring_allreduce(comm, data, options.op, fp.sequence);
+      case Algorithm::Naive:
+        return naive_allreduce(comm, data, options.op, fp.sequence);
+      case Algorithm::HalvingDoubling:
+        return halving_doubling_allreduce(comm, data, options.op, fp.sequence);
+      default:
+        return ring_allreduce(comm, data, options.op, fp.sequence);
     }
   });
 }

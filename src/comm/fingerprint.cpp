@@ -37,12 +37,14 @@ Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp o
                              std::uint64_t count, int root) {
   const Fingerprint fp{comm.next_sequence(), kind, op, dtype, count, root};
   if (const std::string reason = comm.abort_reason(); !reason.empty()) {
-    throw CommAborted(describe(fp) + ": rank " + std::to_string(comm.rank()) + ": communicator aborted: " + reason);
+    throw CommAborted(describe(fp) + ": rank " + std::to_string(comm.rank()) +
+                      ": communicator aborted: " + reason);
   }
   return fp;
 }
 
-void fingerprint_mismatch(Communicator& comm, int other_rank, const Fingerprint& mine, const Fingerprint& theirs) {
+void fingerprint_mismatch(Communicator& comm, int other_rank, const Fingerprint& mine,
+                          const Fingerprint& theirs) {
   const std::string msg = "collective mismatch: rank " + std::to_string(comm.rank()) + " called " +
                           describe(mine) + " but rank " + std::to_string(other_rank) + " called " +
                           describe(theirs);
@@ -60,7 +62,8 @@ void Communicator::check_fingerprint(const Fingerprint& fp) {
   const int r = comm.rank();
   auto recv_work = comm.irecv((r - 1 + n) % n, detail::kFingerprintTag,
                               std::as_writable_bytes(std::span<Fingerprint>(&left, 1)));
-  auto send_work = comm.isend((r + 1) % n, detail::kFingerprintTag, std::as_bytes(std::span<const Fingerprint>(&fp, 1)));
+  auto send_work =
+      comm.isend((r + 1) % n, detail::kFingerprintTag, std::as_bytes(std::span<const Fingerprint>(&fp, 1)));
   recv_work->wait(comm.timeout());
   send_work->wait(comm.timeout());
   if (!(left == fp)) detail::fingerprint_mismatch(comm, (r - 1 + n) % n, fp, left);

@@ -68,7 +68,8 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
     const std::uint64_t tag = make_tag(seq, round);
     auto rw = comm.irecv(real_rank(partner), tag,
                          std::as_writable_bytes(std::span<float>(tmp, keep.end - keep.begin)));
-    auto sw = comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
+    auto sw =
+        comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
     rw->wait(comm.timeout());
     reduce_into(data.subspan(keep.begin, keep.end - keep.begin),
                 std::span<const float>(tmp, keep.end - keep.begin), op);
@@ -83,11 +84,13 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
     const int partner = v ^ d;
     const Segment whole = path.back();
     path.pop_back();
-    const Segment theirs = seg.begin == whole.begin ? Segment{seg.end, whole.end} : Segment{whole.begin, seg.begin};
+    const Segment theirs =
+        seg.begin == whole.begin ? Segment{seg.end, whole.end} : Segment{whole.begin, seg.begin};
     const std::uint64_t tag = make_tag(seq, round);
     auto rw = comm.irecv(real_rank(partner), tag,
                          std::as_writable_bytes(data.subspan(theirs.begin, theirs.end - theirs.begin)));
-    auto sw = comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
+    auto sw =
+        comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
     rw->wait(comm.timeout());
     sw->wait(comm.timeout());
     seg = whole;

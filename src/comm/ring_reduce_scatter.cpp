@@ -25,7 +25,8 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
                                    std::to_string(detail::chunk_begin(count, n, r + 1) - mine) +
                                    " elements, got " + std::to_string(out.size()));
   }
-  const Fingerprint fp = detail::start_collective(comm, CollectiveKind::ReduceScatter, op, DataType::Float32, count);
+  const Fingerprint fp =
+      detail::start_collective(comm, CollectiveKind::ReduceScatter, op, DataType::Float32, count);
   detail::run_collective(comm, fp, [&] {
     comm.check_fingerprint(fp);
     // Working copy of the input, then the received chunk, in one scratch block.
@@ -43,7 +44,8 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
       auto send_chunk = chunk(r - s - 1);
       auto recv_chunk = chunk(r - s - 2);
       const std::uint64_t tag = detail::make_tag(fp.sequence, static_cast<std::uint32_t>(s));
-      auto rw = comm.irecv((r - 1 + n) % n, tag, std::as_writable_bytes(std::span<float>(tmp, recv_chunk.size())));
+      auto rw =
+          comm.irecv((r - 1 + n) % n, tag, std::as_writable_bytes(std::span<float>(tmp, recv_chunk.size())));
       auto sw = comm.isend((r + 1) % n, tag, std::as_bytes(send_chunk));
       rw->wait(comm.timeout());
       detail::reduce_into(recv_chunk, std::span<const float>(tmp, recv_chunk.size()), op);
@@ -62,7 +64,8 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
     detail::invalid_call(comm, "all_gather: the output must hold " + std::to_string(n) + " x " +
                                    std::to_string(block) + " elements, got " + std::to_string(out.size()));
   }
-  const Fingerprint fp = detail::start_collective(comm, CollectiveKind::AllGather, ReduceOp::Sum, DataType::Float32, block);
+  const Fingerprint fp =
+      detail::start_collective(comm, CollectiveKind::AllGather, ReduceOp::Sum, DataType::Float32, block);
   detail::run_collective(comm, fp, [&] {
     comm.check_fingerprint(fp);
     auto at = [&](int i) { return out.subspan(static_cast<std::size_t>(((i % n) + n) % n) * block, block); };

@@ -58,11 +58,9 @@ class ThreadWork final : public Work {
     while (op_->state != OpState::kDone) {
       if (hub_->aborted && op_->state == OpState::kParked) {
         unpark_locked();
-        throw CommAborted("rank " + std::to_string(owner_) +
-                          ": communicator aborted: " + hub_->abort_reason);
+        throw CommAborted("rank " + std::to_string(owner_) + ": communicator aborted: " + hub_->abort_reason);
       }
-      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-          op_->state == OpState::kParked) {
+      if (cv.wait_until(lock, deadline) == std::cv_status::timeout && op_->state == OpState::kParked) {
         const std::string msg = describe(*op_, owner_) + " timed out after " +
                                 std::to_string(timeout.count()) + " ms (collective seq " +
                                 std::to_string(op_->tag >> 16) + ", round " +
@@ -102,8 +100,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag,
-                              std::span<const std::byte> data) override {
+  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     check_peer(peer, "send to");
     bytes_sent_ += data.size();
     ++messages_sent_;
@@ -154,13 +151,11 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   }
 
   // Matches `op` against the other side's parked ops, or parks it.
-  std::unique_ptr<Work> post(const std::shared_ptr<Op>& op,
-                             std::deque<std::shared_ptr<Op>>& counterparts,
+  std::unique_ptr<Work> post(const std::shared_ptr<Op>& op, std::deque<std::shared_ptr<Op>>& counterparts,
                              std::deque<std::shared_ptr<Op>>& parking) {
     std::unique_lock lock(hub_->mu);
     if (hub_->aborted) {
-      throw CommAborted("rank " + std::to_string(rank_) +
-                        ": communicator aborted: " + hub_->abort_reason);
+      throw CommAborted("rank " + std::to_string(rank_) + ": communicator aborted: " + hub_->abort_reason);
     }
     for (auto it = counterparts.begin(); it != counterparts.end(); ++it) {
       Op& other = **it;
@@ -171,8 +166,8 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
         const std::size_t sent = op->is_send ? op->bytes : parked->bytes;
         const std::size_t expected = op->is_send ? parked->bytes : op->bytes;
         const std::string msg = "rank " + std::to_string(op->dst) + ": message from rank " +
-                                std::to_string(op->src) + " has " + std::to_string(sent) +
-                                " bytes where " + std::to_string(expected) + " were expected";
+                                std::to_string(op->src) + " has " + std::to_string(sent) + " bytes where " +
+                                std::to_string(expected) + " were expected";
         hub_->abort_locked(msg);
         throw CommAborted(msg);
       }
@@ -203,8 +198,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
 
 std::vector<std::unique_ptr<Communicator>> make_thread_group(const ThreadGroupOptions& options) {
   if (options.world_size < 1) {
-    throw InvalidArgument("a thread group needs at least 1 rank, got " +
-                          std::to_string(options.world_size));
+    throw InvalidArgument("a thread group needs at least 1 rank, got " + std::to_string(options.world_size));
   }
   auto hub = std::make_shared<Hub>(options.world_size);
   std::vector<std::unique_ptr<Communicator>> comms;

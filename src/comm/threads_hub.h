@@ -29,7 +29,13 @@ struct Op {
 };
 
 struct Hub {
-  explicit Hub(int n) : cv(n), parked_sends(n), parked_recvs(n), slots(n), staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)}, fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
+  explicit Hub(int n)
+      : cv(n),
+        parked_sends(n),
+        parked_recvs(n),
+        slots(n),
+        staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)},
+        fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
   int size() const { return static_cast<int>(cv.size()); }
   std::mutex mu;
   std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it

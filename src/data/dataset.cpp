@@ -28,8 +28,9 @@ fs::path find_file(const fs::path& dir, const std::string& name) {
   for (const fs::path& candidate : {dir / name, dir / (name + ".gz")}) {
     if (fs::exists(candidate, ec)) return candidate;
   }
-  fail(dir, "no " + name + " or " + name + ".gz in this directory; pass --data DIR pointing at an "
-            "IDX data set (MNIST layout, e.g. Fashion-MNIST)");
+  fail(dir, "no " + name + " or " + name +
+                ".gz in this directory; pass --data DIR pointing at an "
+                "IDX data set (MNIST layout, e.g. Fashion-MNIST)");
 }
 
 std::string type_hex(std::uint8_t code) {
@@ -42,8 +43,8 @@ std::string type_hex(std::uint8_t code) {
 Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
   const IdxArray images = read_idx(images_path);
   if (images.type_code != kUnsignedByte) {
-    fail(images_path, "images must be unsigned bytes (IDX type 0x08) but the type is " +
-                          type_hex(images.type_code));
+    fail(images_path,
+         "images must be unsigned bytes (IDX type 0x08) but the type is " + type_hex(images.type_code));
   }
   if (images.dims.size() < 2) {
     fail(images_path, "images need at least 2 dimensions (count, then pixels) but the file has " +
@@ -51,17 +52,17 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
   }
   const IdxArray labels = read_idx(labels_path);
   if (labels.type_code != kUnsignedByte) {
-    fail(labels_path, "labels must be unsigned bytes (IDX type 0x08) but the type is " +
-                          type_hex(labels.type_code));
+    fail(labels_path,
+         "labels must be unsigned bytes (IDX type 0x08) but the type is " + type_hex(labels.type_code));
   }
   if (labels.dims.size() != 1) {
-    fail(labels_path, "labels need exactly 1 dimension but the file has " +
-                          std::to_string(labels.dims.size()));
+    fail(labels_path,
+         "labels need exactly 1 dimension but the file has " + std::to_string(labels.dims.size()));
   }
   if (images.dims[0] != labels.dims[0]) {
-    throw IoError(images_path.string() + " holds " + std::to_string(images.dims[0]) +
-                  " images but " + labels_path.string() + " holds " +
-                  std::to_string(labels.dims[0]) + " labels; the counts must match");
+    throw IoError(images_path.string() + " holds " + std::to_string(images.dims[0]) + " images but " +
+                  labels_path.string() + " holds " + std::to_string(labels.dims[0]) +
+                  " labels; the counts must match");
   }
 
   Dataset set;
@@ -93,8 +94,9 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
                                                   const DatasetOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    fail(dir, "no such directory; pass --data DIR pointing at an IDX data set (MNIST layout, "
-              "e.g. Fashion-MNIST)");
+    fail(dir,
+         "no such directory; pass --data DIR pointing at an IDX data set (MNIST layout, "
+         "e.g. Fashion-MNIST)");
   }
   const fs::path train_images = find_file(dir, kTrainImages);
   const fs::path train_labels = find_file(dir, kTrainLabels);
@@ -115,10 +117,9 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
   const int num_classes = max_label + 1;
   for (std::size_t i = 0; i < data.test.labels.size(); ++i) {
     if (data.test.labels[i] >= num_classes) {
-      fail(test_labels, "label " + std::to_string(data.test.labels[i]) + " at index " +
-                            std::to_string(i) + " is out of range: the train labels give " +
-                            std::to_string(num_classes) + " classes (0 to " +
-                            std::to_string(max_label) + ")");
+      fail(test_labels, "label " + std::to_string(data.test.labels[i]) + " at index " + std::to_string(i) +
+                            " is out of range: the train labels give " + std::to_string(num_classes) +
+                            " classes (0 to " + std::to_string(max_label) + ")");
     }
   }
   data.train.num_classes = num_classes;
@@ -142,6 +143,8 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
   return data;
 }
 
-std::filesystem::path default_data_dir() { return "/usr/share/datasets/fashion-mnist"; }
+std::filesystem::path default_data_dir() {
+  return "/usr/share/datasets/fashion-mnist";
+}
 
 }  // namespace lockstep::data

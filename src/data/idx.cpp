@@ -18,13 +18,20 @@ namespace lockstep::data {
 
 std::size_t idx_element_size(std::uint8_t type_code) {
   switch (type_code) {
-    case 0x08: return 1;
-    case 0x09: return 1;
-    case 0x0B: return 2;
-    case 0x0C: return 4;
-    case 0x0D: return 4;
-    case 0x0E: return 8;
-    default: return 0;
+    case 0x08:
+      return 1;
+    case 0x09:
+      return 1;
+    case 0x0B:
+      return 2;
+    case 0x0C:
+      return 4;
+    case 0x0D:
+      return 4;
+    case 0x0E:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -58,7 +65,9 @@ std::string hex_bytes(const std::uint8_t* b, std::size_t n) {
   return s;
 }
 
-std::string hex_byte(std::uint8_t b) { return "0x" + hex_bytes(&b, 1); }
+std::string hex_byte(std::uint8_t b) {
+  return "0x" + hex_bytes(&b, 1);
+}
 
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
@@ -163,11 +172,12 @@ class ByteSource {
       if (rc == Z_STREAM_END) {
         end_member();
       } else if (rc == Z_BUF_ERROR && at_eof) {
-        stream_fail("truncated gzip stream: the compressed data ends before the gzip "
-                    "end-of-stream marker");
+        stream_fail(
+            "truncated gzip stream: the compressed data ends before the gzip "
+            "end-of-stream marker");
       } else if (rc != Z_OK) {
         stream_fail(std::string("corrupt gzip stream (zlib: ") +
-                        (strm_.msg ? strm_.msg : "error " + std::to_string(rc)) + ")");
+                    (strm_.msg ? strm_.msg : "error " + std::to_string(rc)) + ")");
       }
     }
     return got;
@@ -184,7 +194,7 @@ class ByteSource {
       inflateReset(&strm_);
     } else {
       stream_fail("trailing garbage after the end of the gzip stream (bytes " +
-                      hex_bytes(in_.data() + in_pos_, std::min<std::size_t>(left, 4)) + " ...)");
+                  hex_bytes(in_.data() + in_pos_, std::min<std::size_t>(left, 4)) + " ...)");
     }
   }
 
@@ -208,8 +218,7 @@ std::vector<std::uint8_t> read_data(ByteSource& src, const fs::path& path, std::
   std::uint64_t filled = 0;
   while (filled < data_bytes) {
     const std::uint64_t target =
-        src.plain_size() ? data_bytes
-                         : std::min(data_bytes, std::max(kFirstDataChunk, filled * 2));
+        src.plain_size() ? data_bytes : std::min(data_bytes, std::max(kFirstDataChunk, filled * 2));
     bytes.resize(target);
     const std::size_t want = target - filled;
     const std::size_t got = src.read(bytes.data() + filled, want);
@@ -245,8 +254,8 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
     fail(path, src.gzip() ? "empty: the gzip stream decompresses to 0 bytes" : "empty file (0 bytes)");
   }
   if (got_magic < magic.size()) {
-    fail(path, std::string("truncated: ") + src.stream_name() + " holds only " +
-                   std::to_string(got_magic) + " bytes, too short for the 4-byte IDX magic");
+    fail(path, std::string("truncated: ") + src.stream_name() + " holds only " + std::to_string(got_magic) +
+                   " bytes, too short for the 4-byte IDX magic");
   }
   const std::string magic_hex = hex_bytes(magic.data(), magic.size());
   const std::string after = src.gzip() ? " after decompression" : "";
@@ -256,13 +265,13 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
   const std::uint8_t type_code = magic[2];
   const std::size_t element_size = idx_element_size(type_code);
   if (element_size == 0) {
-    fail(path, "unknown IDX type code " + hex_byte(type_code) + " in magic bytes " + magic_hex +
-                   after + " (expected 08, 09, 0b, 0c, 0d or 0e)");
+    fail(path, "unknown IDX type code " + hex_byte(type_code) + " in magic bytes " + magic_hex + after +
+                   " (expected 08, 09, 0b, 0c, 0d or 0e)");
   }
   const int ndims = magic[3];
   if (ndims == 0 || ndims > kMaxIdxDims) {
-    fail(path, "bad dimension count: magic bytes " + magic_hex + after + " declare " +
-                   std::to_string(ndims) + " dimensions; IDX files here have 1 to 4");
+    fail(path, "bad dimension count: magic bytes " + magic_hex + after + " declare " + std::to_string(ndims) +
+                   " dimensions; IDX files here have 1 to 4");
   }
 
   std::array<std::uint8_t, 4 * kMaxIdxDims> raw_dims{};
@@ -270,8 +279,8 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
   const std::size_t got_dims = src.read(raw_dims.data(), dim_bytes);
   if (got_dims < dim_bytes) {
     fail(path, "truncated: the header declares " + std::to_string(ndims) + " dimensions (" +
-                   std::to_string(dim_bytes) + " bytes of sizes) but " + src.stream_name() +
-                   " ends after " + std::to_string(got_dims) + " of them");
+                   std::to_string(dim_bytes) + " bytes of sizes) but " + src.stream_name() + " ends after " +
+                   std::to_string(got_dims) + " of them");
   }
 
   IdxArray out;
@@ -293,8 +302,8 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
     if (!too_large) elements *= d;
   }
   if (too_large || elements * element_size > kMaxIdxDataBytes) {
-    fail(path, "too large: header promises " + shape + " elements of " +
-                   std::to_string(element_size) + " byte(s), more than the 4 GiB limit "
+    fail(path, "too large: header promises " + shape + " elements of " + std::to_string(element_size) +
+                   " byte(s), more than the 4 GiB limit "
                    "(corrupt or hostile header)");
   }
   const std::uint64_t data_bytes = elements * element_size;
@@ -330,9 +339,8 @@ IdxArray read_idx(const std::filesystem::path& path) {
   }
 }
 
-void write_idx(const std::filesystem::path& path, std::uint8_t type_code,
-               std::span<const std::int64_t> dims, std::span<const std::uint8_t> bytes,
-               bool gzip) {
+void write_idx(const std::filesystem::path& path, std::uint8_t type_code, std::span<const std::int64_t> dims,
+               std::span<const std::uint8_t> bytes, bool gzip) {
   const auto bad = [&](const std::string& defect) {
     throw InvalidArgument(path.string() + ": cannot write IDX: " + defect);
   };
@@ -346,8 +354,7 @@ void write_idx(const std::filesystem::path& path, std::uint8_t type_code,
   for (std::size_t i = 0; i < dims.size(); ++i) {
     const std::int64_t d = dims[i];
     if (d < 1 || d > std::int64_t{0xFFFFFFFF}) {
-      bad("dimension " + std::to_string(i) + " is " + std::to_string(d) +
-          "; it must be in [1, 4294967295]");
+      bad("dimension " + std::to_string(i) + " is " + std::to_string(d) + "; it must be in [1, 4294967295]");
     }
     const auto u = static_cast<std::uint64_t>(d);
     if (expected > std::numeric_limits<std::uint64_t>::max() / u) bad("dimensions overflow 64 bits");

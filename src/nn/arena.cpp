@@ -26,7 +26,9 @@ const TensorSpec* Layout::find(std::string_view name) const {
   return nullptr;
 }
 
-void Arena::Free::operator()(float* p) const { std::free(p); }
+void Arena::Free::operator()(float* p) const {
+  std::free(p);
+}
 
 Arena::Arena(std::size_t numel) : numel_(numel) {
   const std::size_t bytes = ((numel * sizeof(float) + 63) / 64) * 64;

@@ -23,9 +23,7 @@ class Linear final : public Layer {
   std::int64_t in_features() const override { return in_; }
   std::int64_t out_features() const override { return out_; }
 
-  std::vector<ParamDecl> params() const override {
-    return {{"weight", {out_, in_}}, {"bias", {out_}}};
-  }
+  std::vector<ParamDecl> params() const override { return {{"weight", {out_, in_}}, {"bias", {out_}}}; }
   void bind(std::span<float* const> params, std::span<float* const> grads) override {
     w_ = params[0];
     b_ = params[1];

@@ -32,8 +32,12 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
   acts_.resize(layers_.size());
 }
 
-std::int64_t Model::in_features() const { return layers_.front()->in_features(); }
-std::int64_t Model::out_features() const { return layers_.back()->out_features(); }
+std::int64_t Model::in_features() const {
+  return layers_.front()->in_features();
+}
+std::int64_t Model::out_features() const {
+  return layers_.back()->out_features();
+}
 
 void Model::init(std::uint64_t seed) {
   std::mt19937_64 rng(seed);

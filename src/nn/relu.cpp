@@ -31,6 +31,8 @@ class Relu final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_relu(std::int64_t features) { return std::make_unique<Relu>(features); }
+std::unique_ptr<Layer> make_relu(std::int64_t features) {
+  return std::make_unique<Relu>(features);
+}
 
 }  // namespace lockstep::nn

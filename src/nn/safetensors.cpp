@@ -33,7 +33,9 @@ constexpr std::size_t kMaxListLength = 1024;          // far more dimensions tha
   throw IoError(path.string() + ": " + defect);
 }
 
-std::string errno_text(int err) { return std::generic_category().message(err); }
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
 
 // A name as shown in messages: quoted, cut short if a hostile file made it huge.
 std::string show(const std::string& name) {
@@ -94,8 +96,7 @@ std::string build_header(std::span<const TensorRef> tensors,
     const std::optional<std::uint64_t> count = element_count(t.shape);
     if (count != t.data.size())
       throw InvalidArgument(who + " has " + (count ? std::to_string(*count) : "too many") +
-                            " elements in its shape but " + std::to_string(t.data.size()) +
-                            " values.");
+                            " elements in its shape but " + std::to_string(t.data.size()) + " values.");
     const std::uint64_t end = offset + *count * kFloatBytes;
     h += json_string(t.name, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[";
     for (std::int64_t d : t.shape) h += std::to_string(d) + ",";
@@ -113,8 +114,7 @@ void write_all(const fs::path& path, int fd, const void* data, std::size_t size)
   for (const char* p = static_cast<const char*>(data); size > 0;) {
     const ssize_t n = ::write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail(path, "writing the temporary file failed (" + errno_text(n < 0 ? errno : EIO) + ").");
+    if (n <= 0) fail(path, "writing the temporary file failed (" + errno_text(n < 0 ? errno : EIO) + ").");
     p += n;
     size -= static_cast<std::size_t>(n);
   }
@@ -144,8 +144,7 @@ struct Entry {
 // Depth: 1 inside the top object, 2 inside an entry, 3 inside a list such as "shape".
 class HeaderReader {
  public:
-  HeaderReader(const fs::path& path, std::uint64_t data_size,
-               std::map<std::string, std::string>& metadata)
+  HeaderReader(const fs::path& path, std::uint64_t data_size, std::map<std::string, std::string>& metadata)
       : path_(path), data_size_(data_size), metadata_(metadata) {}
   std::vector<Entry> entries;  // in header order
 
@@ -224,10 +223,8 @@ class HeaderReader {
   // as the reference implementation does; everything else is an error.
   bool misplaced(const std::string& what) {
     if (depth_ == 0) fail(path_, "header is not a JSON object; the file is not safetensors.");
-    if (depth_ == 1)
-      fail(path_, "header entry " + show(top_key_) + " is " + what + ", not an object.");
-    if (in_metadata())
-      fail(path_, "metadata value " + show(field_) + " is " + what + ", not a string.");
+    if (depth_ == 1) fail(path_, "header entry " + show(top_key_) + " is " + what + ", not an object.");
+    if (in_metadata()) fail(path_, "metadata value " + show(field_) + " is " + what + ", not a string.");
     const bool known = field_ == "dtype" || field_ == "shape" || field_ == "data_offsets";
     if (what == "an object" || what == "a list")
       bad("has " + what + " nested in its " + field_ + "; safetensors headers never nest so deep.");
@@ -255,8 +252,8 @@ class HeaderReader {
     e.end = (*offsets_)[1];
     if (e.end < e.begin) bad("has data_offsets " + range + " with end before begin.");
     if (e.end > data_size_)
-      bad("has data_offsets " + range + " past the end of the data section (" +
-          std::to_string(data_size_) + " bytes); the file is truncated or corrupt.");
+      bad("has data_offsets " + range + " past the end of the data section (" + std::to_string(data_size_) +
+          " bytes); the file is truncated or corrupt.");
     if (e.end - e.begin != *count * kFloatBytes)
       bad("has shape " + shape + " (" + std::to_string(*count * kFloatBytes) +
           " bytes of F32) but data_offsets " + range + " span " + std::to_string(e.end - e.begin) +
@@ -309,8 +306,7 @@ void save_safetensors(const fs::path& path, std::span<const TensorRef> tensors,
   fs::path tmp = path;
   tmp += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(thread);
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.fd < 0)
-    fail(path, "cannot create a temporary file beside it (" + errno_text(errno) + ").");
+  if (fd.fd < 0) fail(path, "cannot create a temporary file beside it (" + errno_text(errno) + ").");
   try {
     write_all(path, fd.fd, length, sizeof(length));
     write_all(path, fd.fd, header.data(), header.size());

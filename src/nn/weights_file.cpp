@@ -42,7 +42,8 @@ std::vector<float> load_weights(const std::filesystem::path& path, const Layout&
   }
   for (const auto& d : file.tensors) {
     if (layout.find(d.name) == nullptr) {
-      throw IoError(path.string() + ": tensor '" + d.name + "' is not part of the model; the file was saved from a different model.");
+      throw IoError(path.string() + ": tensor '" + d.name +
+                    "' is not part of the model; the file was saved from a different model.");
     }
   }
   return out;

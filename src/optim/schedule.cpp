@@ -1,9 +1,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "lockstep/optim/optimizer.h"
-
 #include "lockstep/error.h"
+#include "lockstep/optim/optimizer.h"
 
 namespace lockstep::optim {
 

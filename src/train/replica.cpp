@@ -36,8 +36,8 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
     const std::int64_t b = std::min(chunk, end - i);
     auto x = std::span<const float>(test.inputs).subspan(i * features, b * features);
     auto logits = model.forward(x, b);
-    auto s = nn::softmax_cross_entropy(logits.data(), test.labels.data() + i, b,
-                                       model.out_features(), nullptr, 0.0f);
+    auto s = nn::softmax_cross_entropy(logits.data(), test.labels.data() + i, b, model.out_features(),
+                                       nullptr, 0.0f);
     tally[0] += double(s.correct);
     tally[1] += double(b);
   }

@@ -24,14 +24,15 @@ std::uint64_t gradient_bytes_per_step(const TrainResult& r) {
 std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   char line[512];
   std::string s;
-  std::snprintf(line, sizeof line, "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
+  std::snprintf(line, sizeof line,
+                "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
                 (long long)r.replicas, (long long)r.micro_batch, (long long)r.global_batch,
                 (long long)r.steps, (long long)r.epochs_run);
   s += line;
   s += "  model        " + r.model_description + " (" + std::to_string(r.param_count) + " parameters)\n";
   s += "  replicated   per replica: weights " + human_bytes(double(r.weight_bytes)) + ", gradients " +
-       human_bytes(double(r.grad_bytes)) + ", optimizer state " + human_bytes(double(r.optimizer_state_bytes)) +
-       " (" + r.optimizer_description + ")\n";
+       human_bytes(double(r.grad_bytes)) + ", optimizer state " +
+       human_bytes(double(r.optimizer_state_bytes)) + " (" + r.optimizer_description + ")\n";
   std::snprintf(line, sizeof line,
                 "  split        each step's %lld samples are cut into %lld disjoint micro-batches of %lld; "
                 "each replica saw %lld samples in all\n",
@@ -42,8 +43,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
   s += "               weights: broadcast once at start (each replica received " +
-       human_bytes(double(r.weight_bytes)) + "), 0 B after; activations: " +
-       human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) + "\n";
+       human_bytes(double(r.weight_bytes)) +
+       "), 0 B after; activations: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) +
+       "\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {

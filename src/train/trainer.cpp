@@ -40,16 +40,18 @@ std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t fe
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::size_t numel) {
   if (c.optimizer == "adamw") return optim::make_adamw(numel, {.weight_decay = c.weight_decay});
-  return optim::make_sgd(numel, {.momentum = c.momentum, .weight_decay = c.weight_decay,
-                                 .nesterov = c.nesterov});
+  return optim::make_sgd(numel,
+                         {.momentum = c.momentum, .weight_decay = c.weight_decay, .nesterov = c.nesterov});
 }
 
-TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data,
-                  const TrainHooks& hooks) {
+TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   validate(c, data);
-  ddp::DistributedSampler sampler({.dataset_size = data.train.size, .world_size = c.replicas,
-                                   .micro_batch = c.micro_batch, .shuffle = c.shuffle,
-                                   .seed = c.seed, .last_batch = c.last_batch});
+  ddp::DistributedSampler sampler({.dataset_size = data.train.size,
+                                   .world_size = c.replicas,
+                                   .micro_batch = c.micro_batch,
+                                   .shuffle = c.shuffle,
+                                   .seed = c.seed,
+                                   .last_batch = c.last_batch});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
   auto probe = make_model(c, data.train.features, data.train.num_classes);
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {

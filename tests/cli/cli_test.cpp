@@ -1,13 +1,13 @@
 // The command-line tool as a user meets it: exit codes and messages for bad
 // input, and a real (tiny) training run end to end.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "lockstep/data/idx.h"
 
@@ -37,8 +37,10 @@ fs::path make_data_dir(const std::string& name) {
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
     std::vector<std::uint8_t> bytes;
-    for (std::int64_t i = 0; i < n * (images ? 16 : 1); ++i) bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % 3));
-    std::vector<std::int64_t> dims = images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
+    for (std::int64_t i = 0; i < n * (images ? 16 : 1); ++i)
+      bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % 3));
+    std::vector<std::int64_t> dims =
+        images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
     lockstep::data::write_idx(dir / file, 0x08, dims, bytes, true);
   };
   write("train-images-idx3-ubyte.gz", 64, true);
@@ -110,7 +112,8 @@ TEST(Cli, UnwritableSaveFailsBeforeTraining) {
 TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   const auto dir = make_data_dir("run");
   const fs::path report = dir / "report.json", weights = dir / "w.safetensors";
-  const std::string common = "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --quiet";
+  const std::string common =
+      "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --quiet";
   const CliRun r = run(common + " --steps 6 --report " + report.string() + " --save " + weights.string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("replicated"), std::string::npos);
@@ -120,7 +123,8 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_EQ(j["micro_batch"], 4);
   EXPECT_EQ(j["global_batch"], 16);
   EXPECT_EQ(j["steps"], 6);
-  for (const char* k : {"final_loss", "test_accuracy", "samples_per_s", "mfu"}) EXPECT_TRUE(j.contains(k)) << k;
+  for (const char* k : {"final_loss", "test_accuracy", "samples_per_s", "mfu"})
+    EXPECT_TRUE(j.contains(k)) << k;
   const std::uint64_t p = (16 * 8 + 8 + 8 * 3 + 3) * 4;  // MLP 16-8-3 in bytes
   EXPECT_EQ(j["bytes"]["weights_per_replica"], p);
   EXPECT_EQ(j["bytes"]["grads_per_replica"], p);
@@ -131,7 +135,8 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   // The saved weights load back as --init.
   EXPECT_EQ(run(common + " --steps 1 --init " + weights.string()).code, 0);
   // And a model of another shape refuses them, naming a tensor.
-  const CliRun other = run("train --data " + dir.string() + " --hidden 9 --steps 1 --init " + weights.string());
+  const CliRun other =
+      run("train --data " + dir.string() + " --hidden 9 --steps 1 --init " + weights.string());
   EXPECT_EQ(other.code, 1);
   EXPECT_NE(other.output.find("0.weight"), std::string::npos) << other.output;
 }

@@ -14,15 +14,21 @@ using testing::run_ranks;
 
 // Rank r's input element i: small integers, so every sum is exact in float
 // and the expected value has a closed form.
-float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+float input(int r, std::size_t i) {
+  return static_cast<float>((r + 1) * ((i % 7) + 1));
+}
 
 float expected(ReduceOp op, int n, std::size_t i) {
   const float base = static_cast<float>((i % 7) + 1);
   switch (op) {
-    case ReduceOp::Sum: return base * n * (n + 1) / 2.0f;
-    case ReduceOp::Mean: return base * n * (n + 1) / 2.0f / n;
-    case ReduceOp::Max: return base * n;
-    case ReduceOp::Min: return base;
+    case ReduceOp::Sum:
+      return base * n * (n + 1) / 2.0f;
+    case ReduceOp::Mean:
+      return base * n * (n + 1) / 2.0f / n;
+    case ReduceOp::Max:
+      return base * n;
+    case ReduceOp::Min:
+      return base;
   }
   return 0;
 }
@@ -48,8 +54,7 @@ TEST_P(AllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
       });
       rethrow_first(errors);
       for (std::size_t i = 0; i < count; ++i) {
-        ASSERT_FLOAT_EQ(results[0][i], expected(op, n, i))
-            << "n=" << n << " count=" << count << " i=" << i;
+        ASSERT_FLOAT_EQ(results[0][i], expected(op, n, i)) << "n=" << n << " count=" << count << " i=" << i;
       }
       for (int r = 1; r < n; ++r) {
         ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)))
@@ -61,19 +66,17 @@ TEST_P(AllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllAlgorithmsAndOps, AllreduceGrid,
-    ::testing::Values(GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
-                      GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
-                      GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
-                      GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
-                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Sum},
-                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Mean},
-                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Max},
-                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Min},
-                      GridCase{Algorithm::SharedMemory, ReduceOp::Sum},
-                      GridCase{Algorithm::SharedMemory, ReduceOp::Mean},
-                      GridCase{Algorithm::SharedMemory, ReduceOp::Max},
-                      GridCase{Algorithm::SharedMemory, ReduceOp::Min},
-                      GridCase{Algorithm::Auto, ReduceOp::Mean}),
+    ::testing::Values(
+        GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
+        GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
+        GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
+        GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Sum},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Mean},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Max},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Min}, GridCase{Algorithm::SharedMemory, ReduceOp::Sum},
+        GridCase{Algorithm::SharedMemory, ReduceOp::Mean}, GridCase{Algorithm::SharedMemory, ReduceOp::Max},
+        GridCase{Algorithm::SharedMemory, ReduceOp::Min}, GridCase{Algorithm::Auto, ReduceOp::Mean}),
     [](const auto& info) {
       return std::string(to_string(info.param.algorithm)) + "_" + to_string(info.param.op);
     });
@@ -81,20 +84,20 @@ INSTANTIATE_TEST_SUITE_P(
 // (The threads backend checks fingerprints in shared memory: no bytes.)
 TEST(Allreduce, SendsTwoPTimesNMinusOneOverNBytesPerRank) {
   for (auto algorithm : {Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::SharedMemory})
-  for (int n : {2, 3, 8}) {
-    if (algorithm == Algorithm::HalvingDoubling && n == 3) continue;  // the fold step sends more
-    const std::size_t count = 24 * 1000;  // divisible by every n above
-    std::vector<std::uint64_t> sent(n);
-    rethrow_first(run_ranks(n, [&](Communicator& comm) {
-      std::vector<float> data(count, 1.0f);
-      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
-      sent[comm.rank()] = comm.stats().bytes_sent;
-    }));
-    const std::uint64_t p = count * sizeof(float);
-    for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(sent[r], 2 * p * (n - 1) / n) << to_string(algorithm) << " n=" << n << " rank " << r;
+    for (int n : {2, 3, 8}) {
+      if (algorithm == Algorithm::HalvingDoubling && n == 3) continue;  // the fold step sends more
+      const std::size_t count = 24 * 1000;                              // divisible by every n above
+      std::vector<std::uint64_t> sent(n);
+      rethrow_first(run_ranks(n, [&](Communicator& comm) {
+        std::vector<float> data(count, 1.0f);
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
+        sent[comm.rank()] = comm.stats().bytes_sent;
+      }));
+      const std::uint64_t p = count * sizeof(float);
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(sent[r], 2 * p * (n - 1) / n) << to_string(algorithm) << " n=" << n << " rank " << r;
+      }
     }
-  }
 }
 
 TEST(Broadcast, EveryRankGetsRootData) {
@@ -180,7 +183,10 @@ TEST(Failure, SharedMemoryMissingPeerTimesOutNamingTheCollective) {
       std::rethrow_exception(errors[r]);
     } catch (const TimeoutError& e) {
       ++timeouts;
-      EXPECT_NE(std::string(e.what()).find("allreduce(sum, float32, 10 elements, seq 0, shared_memory) timed out"), std::string::npos) << e.what();
+      EXPECT_NE(
+          std::string(e.what()).find("allreduce(sum, float32, 10 elements, seq 0, shared_memory) timed out"),
+          std::string::npos)
+          << e.what();
     } catch (const CommAborted&) {
     }
   }

@@ -30,7 +30,8 @@ struct Case {
 std::string name(const Case& c) {
   const char* phases[] = {"before", "during", "after"};
   return std::string(to_string(c.algorithm)) + "_" + phases[int(c.phase)] + "_rank" +
-         std::to_string(c.failing_rank) + (c.phase == Phase::During ? "_send" + std::to_string(c.fail_after_sends) : "");
+         std::to_string(c.failing_rank) +
+         (c.phase == Phase::During ? "_send" + std::to_string(c.fail_after_sends) : "");
 }
 
 class FailureInEveryPhase : public ::testing::TestWithParam<Case> {};
@@ -73,7 +74,8 @@ TEST_P(FailureInEveryPhase, EveryRankStopsWithANamedError) {
       EXPECT_NE(what.find("allreduce(sum, float32, 1000 elements, seq "), std::string::npos)
           << "rank " << r << ": " << what;
       if (c.phase == Phase::During) {  // which call the k-th send falls in depends on the algorithm
-        EXPECT_NE(what.find(failed + " failed in allreduce(sum, float32, 1000 elements, seq "), std::string::npos)
+        EXPECT_NE(what.find(failed + " failed in allreduce(sum, float32, 1000 elements, seq "),
+                  std::string::npos)
             << "rank " << r << ": " << what;
       }
     }

@@ -52,47 +52,43 @@ class Mismatch : public ::testing::TestWithParam<Case> {
 };
 
 TEST_P(Mismatch, DifferentCount) {
-  expect_mismatch(
-      on([](Communicator& c, Algorithm a) {
-        std::vector<float> data(c.rank() == 2 ? 101 : 100, 1.0f);
-        allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
-      }),
-      "101 elements");
+  expect_mismatch(on([](Communicator& c, Algorithm a) {
+                    std::vector<float> data(c.rank() == 2 ? 101 : 100, 1.0f);
+                    allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+                  }),
+                  "101 elements");
 }
 
 TEST_P(Mismatch, DifferentOp) {
-  expect_mismatch(
-      on([](Communicator& c, Algorithm a) {
-        std::vector<float> data(100, 1.0f);
-        allreduce(c, data, {.op = c.rank() == 1 ? ReduceOp::Max : ReduceOp::Sum, .algorithm = a});
-      }),
-      "allreduce(max");
+  expect_mismatch(on([](Communicator& c, Algorithm a) {
+                    std::vector<float> data(100, 1.0f);
+                    allreduce(c, data, {.op = c.rank() == 1 ? ReduceOp::Max : ReduceOp::Sum, .algorithm = a});
+                  }),
+                  "allreduce(max");
 }
 
 TEST_P(Mismatch, SkippedCall) {
-  expect_mismatch(
-      on([](Communicator& c, Algorithm a) {
-        std::vector<float> first(10, 1.0f), second(20, 1.0f);
-        if (c.rank() != 3) allreduce(c, first, {.op = ReduceOp::Sum, .algorithm = a});
-        allreduce(c, second, {.op = ReduceOp::Sum, .algorithm = a});
-      }),
-      "seq 0");
+  expect_mismatch(on([](Communicator& c, Algorithm a) {
+                    std::vector<float> first(10, 1.0f), second(20, 1.0f);
+                    if (c.rank() != 3) allreduce(c, first, {.op = ReduceOp::Sum, .algorithm = a});
+                    allreduce(c, second, {.op = ReduceOp::Sum, .algorithm = a});
+                  }),
+                  "seq 0");
 }
 
 TEST_P(Mismatch, DifferentOrderOfCalls) {
-  expect_mismatch(
-      on([](Communicator& c, Algorithm a) {
-        std::vector<float> data(10, 1.0f);
-        std::vector<std::byte> bytes(16);
-        if (c.rank() == 0) {
-          broadcast(c, bytes, 0);
-          allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
-        } else {
-          allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
-          broadcast(c, bytes, 0);
-        }
-      }),
-      "broadcast(");
+  expect_mismatch(on([](Communicator& c, Algorithm a) {
+                    std::vector<float> data(10, 1.0f);
+                    std::vector<std::byte> bytes(16);
+                    if (c.rank() == 0) {
+                      broadcast(c, bytes, 0);
+                      allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+                    } else {
+                      allreduce(c, data, {.op = ReduceOp::Sum, .algorithm = a});
+                      broadcast(c, bytes, 0);
+                    }
+                  }),
+                  "broadcast(");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -111,14 +107,20 @@ TEST(Fingerprint, DifferentAlgorithmOnOneRankIsAMismatch) {
   expect_mismatch(
       [](Communicator& c) {
         std::vector<float> data(1000, 1.0f);
-        allreduce(c, data,
-                  {.op = ReduceOp::Sum, .algorithm = c.rank() == 1 ? Algorithm::Ring : Algorithm::SharedMemory});
+        allreduce(
+            c, data,
+            {.op = ReduceOp::Sum, .algorithm = c.rank() == 1 ? Algorithm::Ring : Algorithm::SharedMemory});
       },
       "ring)");
 }
 
 TEST(Fingerprint, DescribeNamesEveryField) {
-  const Fingerprint fp{12, CollectiveKind::Allreduce, ReduceOp::Mean, DataType::Float32, 1000, -1,
+  const Fingerprint fp{12,
+                       CollectiveKind::Allreduce,
+                       ReduceOp::Mean,
+                       DataType::Float32,
+                       1000,
+                       -1,
                        static_cast<std::uint32_t>(Algorithm::Ring)};
   EXPECT_EQ(describe(fp), "allreduce(mean, float32, 1000 elements, seq 12, ring)");
   const Fingerprint b{3, CollectiveKind::Broadcast, ReduceOp::Sum, DataType::Bytes, 64, 2};

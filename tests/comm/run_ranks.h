@@ -17,10 +17,9 @@ namespace lockstep::testing {
 
 // Runs fn(comm) for every rank of a fresh thread group. Returns each rank's
 // exception (null where it returned normally). Fails the test on a hang.
-inline std::vector<std::exception_ptr> run_ranks(
-    int n, const std::function<void(comm::Communicator&)>& fn,
-    comm::Duration timeout = std::chrono::seconds(10),
-    std::chrono::seconds guard = std::chrono::seconds(60)) {
+inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void(comm::Communicator&)>& fn,
+                                                 comm::Duration timeout = std::chrono::seconds(10),
+                                                 std::chrono::seconds guard = std::chrono::seconds(60)) {
   auto comms = comm::make_thread_group({.world_size = n, .timeout = timeout});
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;

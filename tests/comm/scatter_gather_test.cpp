@@ -26,7 +26,7 @@ TEST(ReduceScatter, EachRankGetsItsChunkOfTheSum) {
           reduce_scatter(comm, in, out, op);
           for (std::size_t i = b; i < e; ++i) {
             const float base = float(i % 5 + 1);
-            const float want = op == ReduceOp::Max ? base * n
+            const float want = op == ReduceOp::Max   ? base * n
                                : op == ReduceOp::Sum ? base * n * (n + 1) / 2
                                                      : base * (n + 1) / 2.0f;
             ASSERT_FLOAT_EQ(out[i - b], want) << "n=" << n << " count=" << count << " i=" << i;
@@ -44,7 +44,8 @@ TEST(AllGather, EveryRankGetsEveryBlockInRankOrder) {
         std::vector<float> in(block, float(comm.rank() * 10));
         std::vector<float> out(block * n, -1.0f);
         all_gather(comm, in, out);
-        for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], float((i / block) * 10)) << n << " " << i;
+        for (std::size_t i = 0; i < out.size(); ++i)
+          ASSERT_EQ(out[i], float((i / block) * 10)) << n << " " << i;
       }));
     }
   }
@@ -59,7 +60,8 @@ TEST(ScatterGather, AnArgumentErrorOnOneRankStopsEveryRankAtOnce) {
         reduce_scatter(comm, in, out, ReduceOp::Sum);
       },
       std::chrono::seconds(10));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "others waited for a timeout";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
+      << "others waited for a timeout";
   for (int r = 0; r < 3; ++r) ASSERT_TRUE(errors[r]) << "rank " << r;
 }
 

@@ -1,8 +1,6 @@
 #include "lockstep/data/dataset.h"
 
 #include <gtest/gtest.h>
-
-#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "lockstep/data/idx.h"
 #include "lockstep/error.h"
+#include "temp_dir_test.h"
 
 namespace lockstep::data {
 namespace {
@@ -44,7 +43,6 @@ const Bytes kTestLabels = {4, 0, 2, 1};
 
 class DatasetTest : public lockstep::testing::TempDirTest {
  protected:
-
   void write(const std::string& name, std::vector<std::int64_t> dims, const Bytes& data,
              std::uint8_t type = 0x08) {
     const bool gzip = name.size() > 3 && name.ends_with(".gz");
@@ -68,10 +66,10 @@ class DatasetTest : public lockstep::testing::TempDirTest {
       ADD_FAILURE() << "load_image_classification did not throw";
     } catch (const IoError& e) {
       const std::string msg = e.what();
-      for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
+      for (const auto& w : words)
+        EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
     }
   }
-
 };
 
 void expect_pixels(const Dataset& set, const Bytes& raw, const Bytes& labels) {

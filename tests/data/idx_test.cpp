@@ -1,8 +1,6 @@
 #include "lockstep/data/idx.h"
 
 #include <gtest/gtest.h>
-
-#include "temp_dir_test.h"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "lockstep/error.h"
+#include "temp_dir_test.h"
 
 // Test-only instrumentation: record the largest single operator-new request so
 // the hostile-header tests can prove nothing big was allocated.
@@ -32,8 +31,12 @@ std::atomic<std::size_t> largest_allocation{0};
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p) noexcept {
+  std::free(p);
+}
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace lockstep::data {
 namespace {
@@ -84,7 +87,6 @@ void write_gzip_raw(const fs::path& p, const Bytes& b) {
 
 class IdxTest : public lockstep::testing::TempDirTest {
  protected:
-
   // Runs read_idx on `p`, expects IoError, and checks the message names the
   // file and contains every word in `words`.
   void expect_read_error(const fs::path& p, std::initializer_list<std::string> words) {
@@ -94,10 +96,10 @@ class IdxTest : public lockstep::testing::TempDirTest {
     } catch (const IoError& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(p.filename().string()), std::string::npos) << msg;
-      for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
+      for (const auto& w : words)
+        EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
     }
   }
-
 };
 
 TEST_F(IdxTest, RoundTripPlainWritesExactBytes) {
@@ -164,7 +166,9 @@ TEST_F(IdxTest, MultiByteTypesUseTheirElementSize) {
   expect_read_error(p, {"truncated", "40", "20"});
 }
 
-TEST_F(IdxTest, MissingFile) { expect_read_error(dir_ / "nope-idx1-ubyte", {"no such file"}); }
+TEST_F(IdxTest, MissingFile) {
+  expect_read_error(dir_ / "nope-idx1-ubyte", {"no such file"});
+}
 
 TEST_F(IdxTest, DirectoryIsNotAFile) {
   fs::create_directories(dir_ / "sub-idx1-ubyte");

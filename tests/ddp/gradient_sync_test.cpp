@@ -135,7 +135,10 @@ TEST(AverageGradients, RaggedShortShardInTheMiddle) {
 TEST(AverageGradients, EmptyShardContributesNothing) {
   // The sampler's kept last step of 10 samples over 4 replicas with micro 2
   // has shards of 0, 1, 0 and 1 samples.
-  DistributedSampler sampler({.dataset_size = 10, .world_size = 4, .micro_batch = 2, .shuffle = false,
+  DistributedSampler sampler({.dataset_size = 10,
+                              .world_size = 4,
+                              .micro_batch = 2,
+                              .shuffle = false,
                               .last_batch = LastBatch::Keep});
   const std::int64_t step = sampler.steps_per_epoch() - 1;
   std::vector<std::int64_t> counts;
@@ -152,8 +155,8 @@ TEST(AverageGradients, EmptyShardContributesNothing) {
 
 TEST(AverageGradients, RaggedShardsFromTheSampler) {
   // 1003 samples, 8 x 32: the kept last step has 235 samples cut 29/30.
-  DistributedSampler sampler({.dataset_size = 1003, .world_size = 8, .micro_batch = 32,
-                              .last_batch = LastBatch::Keep});
+  DistributedSampler sampler(
+      {.dataset_size = 1003, .world_size = 8, .micro_batch = 32, .last_batch = LastBatch::Keep});
   const std::int64_t step = sampler.steps_per_epoch() - 1;
   std::vector<std::int64_t> counts;
   for (int r = 0; r < 8; ++r) counts.push_back(sampler.shard(step, r).size());

@@ -20,7 +20,7 @@ struct Combo {
 
 // Divisible and non-divisible; remainders smaller than the world size (so
 // some shards of the last kept step are empty); world 1; B == size.
-const Combo kCombos[] = {{100, 4, 8}, {64, 4, 16}, {10, 3, 3}, {10, 4, 2}, {1000, 8, 32},
+const Combo kCombos[] = {{100, 4, 8}, {64, 4, 16}, {10, 3, 3}, {10, 4, 2},   {1000, 8, 32},
                          {7, 1, 2},   {5, 5, 1},   {97, 3, 5}, {1003, 8, 32}};
 
 std::string describe(const Combo& c) {
@@ -29,8 +29,12 @@ std::string describe(const Combo& c) {
 }
 
 SamplerOptions options(const Combo& c, LastBatch last, bool shuffle = true, std::uint64_t seed = 5) {
-  return {.dataset_size = c.size, .world_size = c.world, .micro_batch = c.micro, .shuffle = shuffle,
-          .seed = seed, .last_batch = last};
+  return {.dataset_size = c.size,
+          .world_size = c.world,
+          .micro_batch = c.micro,
+          .shuffle = shuffle,
+          .seed = seed,
+          .last_batch = last};
 }
 
 // Checks the shards of one step: contiguous, disjoint, in rank order, and
@@ -112,7 +116,8 @@ TEST(Sampler, ReplicasBuildIdenticalOrders) {
   for (const Combo& c : kCombos) {
     // Two replicas build their own sampler from the same options.
     DistributedSampler a(options(c, LastBatch::Keep)), b(options(c, LastBatch::Keep));
-    for (std::int64_t epoch : {0, 1, 2, 50}) EXPECT_EQ(a.epoch_order(epoch), b.epoch_order(epoch)) << describe(c);
+    for (std::int64_t epoch : {0, 1, 2, 50})
+      EXPECT_EQ(a.epoch_order(epoch), b.epoch_order(epoch)) << describe(c);
     for (std::int64_t step = 0; step < a.steps_per_epoch(); ++step) {
       for (int r = 0; r < c.world; ++r) {
         EXPECT_EQ(a.shard(step, r).begin, b.shard(step, r).begin);
@@ -164,7 +169,8 @@ void expect_invalid(const SamplerOptions& o, std::vector<std::string> needles) {
     ADD_FAILURE() << "no InvalidArgument";
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
   }
 }
 

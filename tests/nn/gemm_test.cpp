@@ -13,7 +13,9 @@
 namespace lockstep::nn {
 
 // Readable parameter values in test output (found by ADL).
-static void PrintTo(Trans t, std::ostream* os) { *os << (t == Trans::Yes ? "Trans::Yes" : "Trans::No"); }
+static void PrintTo(Trans t, std::ostream* os) {
+  *os << (t == Trans::Yes ? "Trans::Yes" : "Trans::No");
+}
 
 namespace {
 
@@ -25,7 +27,9 @@ std::vector<float> random_vec(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-const char* name(Trans t) { return t == Trans::Yes ? "T" : "N"; }
+const char* name(Trans t) {
+  return t == Trans::Yes ? "T" : "N";
+}
 
 // The naive reference itself, checked by hand on a 2x3 * 3x2 product, so the
 // comparisons below rest on something computed independently.
@@ -85,9 +89,8 @@ void compare(Trans ta, Trans tb, Shape s, float alpha, float beta, std::int64_t 
       const float f = fast[i * ldc + j], r = ref[i * ldc + j];
       ASSERT_TRUE(std::isfinite(r)) << "naive left a non-finite value at " << i << "," << j;
       if (!(std::abs(double(f) - r) <= 1e-4 * scale + 1e-6) && ++failures <= 5) {
-        ADD_FAILURE() << name(ta) << name(tb) << " m=" << m << " n=" << n << " k=" << k
-                      << " beta=" << beta << " at (" << i << "," << j << "): sgemm " << f
-                      << " vs naive " << r;
+        ADD_FAILURE() << name(ta) << name(tb) << " m=" << m << " n=" << n << " k=" << k << " beta=" << beta
+                      << " at (" << i << "," << j << "): sgemm " << f << " vs naive " << r;
       }
     }
     // Padding columns of C must be untouched by both.
@@ -131,8 +134,7 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, SgemmVsNaive,
                          ::testing::Combine(::testing::Values(Trans::No, Trans::Yes),
                                             ::testing::Values(Trans::No, Trans::Yes)),
                          [](const auto& info) {
-                           return std::string(name(std::get<0>(info.param))) +
-                                  name(std::get<1>(info.param));
+                           return std::string(name(std::get<0>(info.param))) + name(std::get<1>(info.param));
                          });
 
 TEST(SgemmNaive, BetaZeroOverwritesNaN) {

@@ -62,9 +62,13 @@ struct BoundLinear {
   std::unique_ptr<Layer> layer;
   std::vector<float> w, b, dw, db;
   BoundLinear(std::int64_t in_, std::int64_t out_, std::uint64_t seed)
-      : in(in_), out(out_), layer(make_linear(in_, out_)),
-        w(uniform(in_ * out_, -1, 1, seed)), b(uniform(out_, -1, 1, seed + 1)),
-        dw(in_ * out_), db(out_) {
+      : in(in_),
+        out(out_),
+        layer(make_linear(in_, out_)),
+        w(uniform(in_ * out_, -1, 1, seed)),
+        b(uniform(out_, -1, 1, seed + 1)),
+        dw(in_ * out_),
+        db(out_) {
     float* p[] = {w.data(), b.data()};
     float* g[] = {dw.data(), db.data()};
     layer->bind(p, g);
@@ -93,8 +97,7 @@ TEST(Linear, ForwardIsXWTransposePlusB) {
   L.b = {0.5f, -1, 2};
   const std::vector<float> x = {1, -1, 2, 0.5f};  // (2, 2)
   const auto y = L.forward(x, 2);
-  const std::vector<float> want = {1 - 2 + 0.5f, 3 - 4 - 1, 5 - 6 + 2,
-                                   2 + 1 + 0.5f, 6 + 2 - 1, 10 + 3 + 2};
+  const std::vector<float> want = {1 - 2 + 0.5f, 3 - 4 - 1, 5 - 6 + 2, 2 + 1 + 0.5f, 6 + 2 - 1, 10 + 3 + 2};
   EXPECT_EQ(y, want);
 }
 
@@ -173,9 +176,7 @@ TEST(SoftmaxCrossEntropy, FiniteDifferenceOfMeanLoss) {
   std::vector<float> dz(B * C, std::numeric_limits<float>::quiet_NaN());
   const float scale = 1.0f / B;
   softmax_cross_entropy(z.data(), labels.data(), B, C, dz.data(), scale);
-  auto loss = [&] {
-    return softmax_cross_entropy(z.data(), labels.data(), B, C, nullptr, 0).loss_sum / B;
-  };
+  auto loss = [&] { return softmax_cross_entropy(z.data(), labels.data(), B, C, nullptr, 0).loss_sum / B; };
   for (std::size_t i = 0; i < z.size(); ++i)
     expect_close(dz[i], central(z, i, 1e-2f, loss), 2e-4, 2e-3, "dlogits", i);
   // Each row of softmax - onehot sums to zero.

@@ -29,7 +29,7 @@ TEST(Model, ParameterNamesFollowPyTorchSequentialAndOffsetsAreContiguous) {
   const auto& t = model->layout().tensors();
   ASSERT_EQ(t.size(), 6u);
   const std::vector<std::pair<std::string, std::vector<std::int64_t>>> want = {
-      {"0.weight", {512, 784}}, {"0.bias", {512}}, {"2.weight", {256, 512}},
+      {"0.weight", {512, 784}}, {"0.bias", {512}},       {"2.weight", {256, 512}},
       {"2.bias", {256}},        {"4.weight", {10, 256}}, {"4.bias", {10}}};
   std::size_t offset = 0;
   for (std::size_t i = 0; i < t.size(); ++i) {

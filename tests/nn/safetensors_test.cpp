@@ -1,8 +1,6 @@
 #include "lockstep/nn/safetensors.h"
 
 #include <gtest/gtest.h>
-
-#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <bit>
@@ -12,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/error.h"
+#include "temp_dir_test.h"
 
 namespace lockstep::nn {
 namespace {
@@ -21,14 +20,12 @@ using Json = nlohmann::json;
 
 class SafetensorsTest : public lockstep::testing::TempDirTest {
  protected:
-
   static std::string read_bytes(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
   static void write_bytes(const fs::path& p, const std::string& bytes) {
-    std::ofstream(p, std::ios::binary)
-        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   static std::string le64(std::uint64_t v) {
     std::string s(8, '\0');
@@ -61,20 +58,15 @@ class SafetensorsTest : public lockstep::testing::TempDirTest {
     }
   }
   std::size_t files_in_dir() const {
-    return static_cast<std::size_t>(
-        std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
-
 };
 
 TEST_F(SafetensorsTest, RoundTripKeepsNamesShapesBitsAndMetadata) {
   const float nan_payload = std::bit_cast<float>(0x7fc12345u);
-  std::vector<float> w = {1.5f,
-                          -0.0f,
-                          std::numeric_limits<float>::denorm_min(),
-                          std::numeric_limits<float>::infinity(),
-                          nan_payload,
-                          3e38f};
+  std::vector<float> w = {
+      1.5f,        -0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::infinity(),
+      nan_payload, 3e38f};
   std::vector<float> b = {0.25f, -7.0f};
   std::vector<float> scalar = {42.0f};
   std::vector<TensorRef> refs = {
@@ -114,8 +106,7 @@ TEST_F(SafetensorsTest, ByteLayoutFollowsTheSpec) {
   const std::string header = bytes.substr(8, n);
   EXPECT_EQ(header.front(), '{');
   const std::size_t close = header.find_last_of('}');
-  EXPECT_EQ(header.find_first_not_of(' ', close + 1), std::string::npos)
-      << "padding must be spaces";
+  EXPECT_EQ(header.find_first_not_of(' ', close + 1), std::string::npos) << "padding must be spaces";
 
   const Json h = Json::parse(header);
   ASSERT_TRUE(h.is_object());
@@ -187,18 +178,16 @@ TEST_F(SafetensorsTest, RejectsHeadersThatAreNotSafetensorsJson) {
                              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
                              float_bytes({1.0f})),
                   "twice");
-  expect_io_error(hand_built("meta.safetensors", R"({"__metadata__":{"k":1}})", ""),
-                  "not a string");
+  expect_io_error(hand_built("meta.safetensors", R"({"__metadata__":{"k":1}})", ""), "not a string");
 }
 
 TEST_F(SafetensorsTest, RejectsHeadersThatWouldNeedAbsurdMemory) {
   std::string dims = "[1";
   for (int i = 0; i < 2000; ++i) dims += ",1";
-  expect_io_error(
-      hand_built("long_shape.safetensors",
-                 R"({"t":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,4]}})",
-                 float_bytes({1.0f})),
-      "more than 1024");
+  expect_io_error(hand_built("long_shape.safetensors",
+                             R"({"t":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,4]}})",
+                             float_bytes({1.0f})),
+                  "more than 1024");
   std::string meta = R"({"__metadata__":{)";
   for (int i = 0; i <= 70000; ++i) meta += (i ? ",\"" : "\"") + std::to_string(i) + "\":\"\"";
   expect_io_error(hand_built("many_meta.safetensors", meta + "}}", ""), "more than 65536");
@@ -214,29 +203,25 @@ TEST_F(SafetensorsTest, RejectsHeadersThatWouldNeedAbsurdMemory) {
 
 TEST_F(SafetensorsTest, RejectsIncompleteOrUnsupportedEntries) {
   const std::string data = float_bytes({1.0f});
-  expect_io_error(
-      hand_built("no_dtype.safetensors", R"({"t":{"shape":[1],"data_offsets":[0,4]}})", data),
-      "\"dtype\"");
-  expect_io_error(
-      hand_built("no_shape.safetensors", R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", data),
-      "\"shape\"");
-  expect_io_error(
-      hand_built("no_offsets.safetensors", R"({"t":{"dtype":"F32","shape":[1]}})", data),
-      "\"data_offsets\"");
-  const fs::path bf16 = hand_built(
-      "bf16.safetensors", R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", data);
+  expect_io_error(hand_built("no_dtype.safetensors", R"({"t":{"shape":[1],"data_offsets":[0,4]}})", data),
+                  "\"dtype\"");
+  expect_io_error(hand_built("no_shape.safetensors", R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", data),
+                  "\"shape\"");
+  expect_io_error(hand_built("no_offsets.safetensors", R"({"t":{"dtype":"F32","shape":[1]}})", data),
+                  "\"data_offsets\"");
+  const fs::path bf16 =
+      hand_built("bf16.safetensors", R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", data);
   expect_io_error(bf16, "BF16");
   expect_io_error(bf16, "only F32 is supported");
-  expect_io_error(hand_built("neg.safetensors",
-                             R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", data),
-                  "negative");
+  expect_io_error(
+      hand_built("neg.safetensors", R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", data),
+      "negative");
 }
 
 TEST_F(SafetensorsTest, RejectsBadOffsets) {
   const std::string data = float_bytes({1.0f, 2.0f});
   auto entry = [](const std::string& name, const std::string& shape, const std::string& offsets) {
-    return "\"" + name + R"(":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":)" + offsets +
-           "}";
+    return "\"" + name + R"(":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}";
   };
   expect_io_error(hand_built("past_end.safetensors", "{" + entry("t", "[2]", "[4,12]") + "}", data),
                   "past the end");
@@ -244,13 +229,12 @@ TEST_F(SafetensorsTest, RejectsBadOffsets) {
                   "end before begin");
   expect_io_error(hand_built("wrong_len.safetensors", "{" + entry("t", "[1]", "[0,8]") + "}", data),
                   "span 8 bytes");
-  expect_io_error(hand_built("too_many.safetensors",
-                             "{" + entry("t", "[4294967296,4294967296]", "[0,8]") + "}", data),
-                  "more values");
   expect_io_error(
-      hand_built("overlap.safetensors",
-                 "{" + entry("a", "[2]", "[0,8]") + "," + entry("b", "[1]", "[4,8]") + "}", data),
-      "overlap");
+      hand_built("too_many.safetensors", "{" + entry("t", "[4294967296,4294967296]", "[0,8]") + "}", data),
+      "more values");
+  expect_io_error(hand_built("overlap.safetensors",
+                             "{" + entry("a", "[2]", "[0,8]") + "," + entry("b", "[1]", "[4,8]") + "}", data),
+                  "overlap");
   expect_io_error(hand_built("gap.safetensors", "{" + entry("a", "[1]", "[4,8]") + "}", data),
                   "belong to no tensor");
   expect_io_error(hand_built("tail.safetensors", "{" + entry("a", "[1]", "[0,4]") + "}", data),

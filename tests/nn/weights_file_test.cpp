@@ -1,8 +1,6 @@
 #include "lockstep/nn/weights_file.h"
 
 #include <gtest/gtest.h>
-
-#include "temp_dir_test.h"
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +11,7 @@
 #include "lockstep/error.h"
 #include "lockstep/nn/model.h"
 #include "lockstep/nn/safetensors.h"
+#include "temp_dir_test.h"
 
 namespace lockstep::nn {
 namespace {
@@ -21,7 +20,6 @@ namespace fs = std::filesystem;
 
 class WeightsFileTest : public lockstep::testing::TempDirTest {
  protected:
-
   static std::unique_ptr<Model> mlp(std::vector<std::int64_t> hidden, std::uint64_t seed) {
     auto m = make_mlp(20, hidden, 4);
     m->init(seed);
@@ -37,7 +35,6 @@ class WeightsFileTest : public lockstep::testing::TempDirTest {
     }
     return "";
   }
-
 };
 
 TEST_F(WeightsFileTest, RoundTripIsBitwise) {

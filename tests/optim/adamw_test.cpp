@@ -16,9 +16,8 @@ namespace {
 
 constexpr std::size_t P = 5;
 const std::vector<float> kInit = {1.0f, -2.0f, 0.5f, 3.0f, -0.75f};
-const std::vector<std::vector<float>> kGrads = {{0.1f, -0.2f, 0.3f, 0.0f, 1.5f},
-                                                {-0.4f, 0.25f, 0.3f, 0.7f, -1.0f},
-                                                {0.05f, -0.6f, -0.2f, 0.1f, 0.9f}};
+const std::vector<std::vector<float>> kGrads = {
+    {0.1f, -0.2f, 0.3f, 0.0f, 1.5f}, {-0.4f, 0.25f, 0.3f, 0.7f, -1.0f}, {0.05f, -0.6f, -0.2f, 0.1f, 0.9f}};
 const std::vector<float> kLr = {0.01f, 0.005f, 0.02f};
 
 struct Expected {
@@ -40,8 +39,8 @@ Expected reference(const AdamWOptions& o, const std::vector<std::vector<float>>&
       e.w[i] *= 1 - lr * wd;
       e.m[i] = b1 * e.m[i] + (1 - b1) * g;
       e.v[i] = b2 * e.v[i] + (1 - b2) * g * g;
-      const double denom = eps_inside ? (std::sqrt(e.v[i]) + eps) / std::sqrt(bc2)
-                                      : std::sqrt(e.v[i] / bc2) + eps;
+      const double denom =
+          eps_inside ? (std::sqrt(e.v[i]) + eps) / std::sqrt(bc2) : std::sqrt(e.v[i] / bc2) + eps;
       e.w[i] -= lr * (e.m[i] / bc1) / denom;
     }
   }
@@ -69,13 +68,21 @@ void run_and_compare(const AdamWOptions& o, const std::vector<std::vector<float>
   }
 }
 
-TEST(AdamW, WithoutWeightDecay) { run_and_compare({.weight_decay = 0.0f}); }
+TEST(AdamW, WithoutWeightDecay) {
+  run_and_compare({.weight_decay = 0.0f});
+}
 
-TEST(AdamW, WithWeightDecay) { run_and_compare({.weight_decay = 0.1f}); }
+TEST(AdamW, WithWeightDecay) {
+  run_and_compare({.weight_decay = 0.1f});
+}
 
-TEST(AdamW, DefaultOptions) { run_and_compare({}); }
+TEST(AdamW, DefaultOptions) {
+  run_and_compare({});
+}
 
-TEST(AdamW, OtherBetas) { run_and_compare({.beta1 = 0.5f, .beta2 = 0.9f, .weight_decay = 0.01f}); }
+TEST(AdamW, OtherBetas) {
+  run_and_compare({.beta1 = 0.5f, .beta2 = 0.9f, .weight_decay = 0.01f});
+}
 
 // With eps comparable to sqrt(v_hat), where eps goes matters; the reference
 // with the other placement must differ, and the optimizer must match ours.

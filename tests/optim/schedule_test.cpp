@@ -12,7 +12,8 @@ namespace lockstep::optim {
 namespace {
 
 TEST(Schedule, CosineStartsAtBase) {
-  for (float base : {0.1f, 1.0f, 3e-4f}) EXPECT_FLOAT_EQ(learning_rate(Schedule::Cosine, base, 0, 1000), base);
+  for (float base : {0.1f, 1.0f, 3e-4f})
+    EXPECT_FLOAT_EQ(learning_rate(Schedule::Cosine, base, 0, 1000), base);
 }
 
 TEST(Schedule, CosineIsHalfOfBaseHalfway) {
@@ -48,8 +49,9 @@ TEST(Schedule, CosineMatchesClosedFormAndDecreases) {
 TEST(Schedule, CosineIsSymmetricAboutTheMidpoint) {
   // lr(s) + lr(total - s) = base
   for (std::int64_t s = 0; s <= 20; ++s) {
-    EXPECT_NEAR(learning_rate(Schedule::Cosine, 1.0f, s, 20) + learning_rate(Schedule::Cosine, 1.0f, 20 - s, 20),
-                1.0f, 1e-6)
+    EXPECT_NEAR(
+        learning_rate(Schedule::Cosine, 1.0f, s, 20) + learning_rate(Schedule::Cosine, 1.0f, 20 - s, 20),
+        1.0f, 1e-6)
         << s;
   }
 }

@@ -17,9 +17,8 @@ namespace {
 constexpr std::size_t P = 5;
 const std::vector<float> kInit = {1.0f, -2.0f, 0.5f, 3.0f, -0.75f};
 // Three steps, each with its own gradient and learning rate.
-const std::vector<std::vector<float>> kGrads = {{0.1f, -0.2f, 0.3f, 0.0f, 1.5f},
-                                                {-0.4f, 0.25f, 0.3f, 0.7f, -1.0f},
-                                                {0.05f, -0.6f, -0.2f, 0.1f, 0.9f}};
+const std::vector<std::vector<float>> kGrads = {
+    {0.1f, -0.2f, 0.3f, 0.0f, 1.5f}, {-0.4f, 0.25f, 0.3f, 0.7f, -1.0f}, {0.05f, -0.6f, -0.2f, 0.1f, 0.9f}};
 const std::vector<float> kLr = {0.1f, 0.05f, 0.2f};
 
 struct Expected {
@@ -70,11 +69,14 @@ TEST(Sgd, PlainHasNoStateAndIsWMinusLrG) {
   EXPECT_TRUE(opt->slot_names().empty());
   std::vector<float> w = kInit;
   opt->step(w, kGrads[0], kLr[0]);
-  for (std::size_t i = 0; i < P; ++i) expect_rel(w[i], double(kInit[i]) - double(kLr[0]) * kGrads[0][i], "w", i);
+  for (std::size_t i = 0; i < P; ++i)
+    expect_rel(w[i], double(kInit[i]) - double(kLr[0]) * kGrads[0][i], "w", i);
   run_and_compare(o);
 }
 
-TEST(Sgd, PlainWithWeightDecay) { run_and_compare({.momentum = 0.0f, .weight_decay = 0.1f}); }
+TEST(Sgd, PlainWithWeightDecay) {
+  run_and_compare({.momentum = 0.0f, .weight_decay = 0.1f});
+}
 
 TEST(Sgd, MomentumFirstStepBufferIsTheGradient) {
   const SgdOptions o{.momentum = 0.9f, .dampening = 0.5f};
@@ -89,13 +91,21 @@ TEST(Sgd, MomentumFirstStepBufferIsTheGradient) {
   }
 }
 
-TEST(Sgd, Momentum) { run_and_compare({.momentum = 0.9f}); }
+TEST(Sgd, Momentum) {
+  run_and_compare({.momentum = 0.9f});
+}
 
-TEST(Sgd, MomentumWithDampening) { run_and_compare({.momentum = 0.8f, .dampening = 0.3f}); }
+TEST(Sgd, MomentumWithDampening) {
+  run_and_compare({.momentum = 0.8f, .dampening = 0.3f});
+}
 
-TEST(Sgd, Nesterov) { run_and_compare({.momentum = 0.9f, .nesterov = true}); }
+TEST(Sgd, Nesterov) {
+  run_and_compare({.momentum = 0.9f, .nesterov = true});
+}
 
-TEST(Sgd, MomentumWithWeightDecay) { run_and_compare({.momentum = 0.9f, .weight_decay = 0.05f}); }
+TEST(Sgd, MomentumWithWeightDecay) {
+  run_and_compare({.momentum = 0.9f, .weight_decay = 0.05f});
+}
 
 TEST(Sgd, NesterovWithWeightDecay) {
   run_and_compare({.momentum = 0.7f, .weight_decay = 0.02f, .nesterov = true});

@@ -1,4 +1,6 @@
 // End-to-end properties of the trainer: the card's contract, on real threads.
+#include "lockstep/train/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,7 +10,6 @@
 #include <mutex>
 
 #include "lockstep/error.h"
-#include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
 
 namespace lockstep::train {
@@ -69,7 +70,8 @@ INSTANTIATE_TEST_SUITE_P(OptimizersAndShuffle, Equivalence,
                          ::testing::Values(EquivalenceCase{"sgd", true}, EquivalenceCase{"sgd", false},
                                            EquivalenceCase{"adamw", true}, EquivalenceCase{"adamw", false}),
                          [](const auto& info) {
-                           return info.param.optimizer + (info.param.shuffle ? "_shuffle_on" : "_shuffle_off");
+                           return info.param.optimizer +
+                                  (info.param.shuffle ? "_shuffle_on" : "_shuffle_off");
                          });
 
 // Ragged shards weighted by sample count: an epoch of 1003 samples at a
@@ -132,27 +134,27 @@ TEST(Traffic, GradientBytesPerStepDoNotDependOnTheMicroBatch) {
   // Ring: bytes counted message by message at the transport. Auto (shared
   // memory): what its writes and its peers' reads amount to.
   for (auto algorithm : {comm::Algorithm::Ring, comm::Algorithm::Auto}) {
-  std::vector<std::uint64_t> per_step;
-  for (std::int64_t micro : {8, 16, 32, 64}) {
-    auto c = small_config(8, micro);
-    c.steps = 5;
-    c.algorithm = algorithm;
-    const auto r = train(c, data);
-    for (const auto& t : r.traffic) {
-      EXPECT_EQ(t.unaccounted, 0u) << "bytes sent that are neither init, gradients nor tallies";
-      EXPECT_EQ(t.gradients % 5, 0u);
-      // Ring: 2(N-1) chunks of ~P/N floats; chunk rounding moves it by < 2(N-1) floats.
-      const double per = double(t.gradients) / 5;
-      EXPECT_NEAR(per, double(r.allreduce_bytes_per_step_formula), 2.0 * 7 * 4);
+    std::vector<std::uint64_t> per_step;
+    for (std::int64_t micro : {8, 16, 32, 64}) {
+      auto c = small_config(8, micro);
+      c.steps = 5;
+      c.algorithm = algorithm;
+      const auto r = train(c, data);
+      for (const auto& t : r.traffic) {
+        EXPECT_EQ(t.unaccounted, 0u) << "bytes sent that are neither init, gradients nor tallies";
+        EXPECT_EQ(t.gradients % 5, 0u);
+        // Ring: 2(N-1) chunks of ~P/N floats; chunk rounding moves it by < 2(N-1) floats.
+        const double per = double(t.gradients) / 5;
+        EXPECT_NEAR(per, double(r.allreduce_bytes_per_step_formula), 2.0 * 7 * 4);
+      }
+      per_step.push_back(r.traffic[0].gradients / 5);
+      // Weights are sent once: what each replica sent before step 0 is at most
+      // log2(N) copies of the weights (binomial-tree broadcast), and never 0 in all.
+      std::uint64_t total_init = 0;
+      for (const auto& t : r.traffic) total_init += t.init_broadcast;
+      EXPECT_EQ(total_init, 7 * r.weight_bytes) << "each of 7 replicas receives the weights exactly once";
     }
-    per_step.push_back(r.traffic[0].gradients / 5);
-    // Weights are sent once: what each replica sent before step 0 is at most
-    // log2(N) copies of the weights (binomial-tree broadcast), and never 0 in all.
-    std::uint64_t total_init = 0;
-    for (const auto& t : r.traffic) total_init += t.init_broadcast;
-    EXPECT_EQ(total_init, 7 * r.weight_bytes) << "each of 7 replicas receives the weights exactly once";
-  }
-  for (auto b : per_step) EXPECT_EQ(b, per_step[0]);
+    for (auto b : per_step) EXPECT_EQ(b, per_step[0]);
   }
 }
 

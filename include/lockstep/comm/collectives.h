@@ -13,11 +13,11 @@
 namespace lockstep::comm {
 
 enum class Algorithm {
-  Auto,   // chosen by size and world size (see docs/algorithms.md)
-  Ring,   // reduce-scatter + all-gather; ~2P(N-1)/N bytes sent per rank
+  Auto,             // chosen by size and world size (see docs/algorithms.md)
+  Ring,             // reduce-scatter + all-gather; ~2P(N-1)/N bytes sent per rank
   HalvingDoubling,  // recursive halving + doubling, any N; 2 log2 N rounds
-  Naive,  // gather to rank 0, reduce, broadcast; the reference
-  SharedMemory,  // the backend's native shared-memory path (threads backend only)
+  Naive,            // gather to rank 0, reduce, broadcast; the reference
+  SharedMemory,     // the backend's native shared-memory path (threads backend only)
 };
 
 struct AllreduceOptions {

@@ -58,8 +58,8 @@ struct Fingerprint {
   CollectiveKind kind = CollectiveKind::Allreduce;
   ReduceOp op = ReduceOp::Sum;  // Sum for non-reducing collectives
   DataType dtype = DataType::Float32;
-  std::uint64_t count = 0;  // elements per rank
-  std::int32_t root = -1;   // -1 where there is none
+  std::uint64_t count = 0;      // elements per rank
+  std::int32_t root = -1;       // -1 where there is none
   std::uint32_t algorithm = 0;  // the comm::Algorithm the call resolved to; 0 where there is no choice
   bool operator==(const Fingerprint&) const = default;
 };
@@ -91,8 +91,7 @@ class Communicator {
   // Starts sending `data` to `peer` under `tag`. `data` must stay valid until
   // the returned Work completes. Messages between one pair with one tag are
   // matched in order.
-  virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag,
-                                      std::span<const std::byte> data) = 0;
+  virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
   // Starts receiving exactly `data.size()` bytes from `peer` under `tag`.
   // A size mismatch with the matching send aborts the group.
   virtual std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) = 0;

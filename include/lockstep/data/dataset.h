@@ -11,10 +11,10 @@ namespace lockstep::data {
 
 // A labelled data set held entirely in memory. Owns its arrays.
 struct Dataset {
-  std::int64_t size = 0;      // number of examples
-  std::int64_t features = 0;  // floats per example
-  int num_classes = 0;        // labels are in [0, num_classes)
-  std::vector<float> inputs;  // size x features, row-major
+  std::int64_t size = 0;             // number of examples
+  std::int64_t features = 0;         // floats per example
+  int num_classes = 0;               // labels are in [0, num_classes)
+  std::vector<float> inputs;         // size x features, row-major
   std::vector<std::int32_t> labels;  // size entries
 
   // Row i of inputs (a view into this Dataset; valid while it lives and is

@@ -53,8 +53,7 @@ IdxArray read_idx(const std::filesystem::path& path);
 // Throws lockstep::InvalidArgument if the type code is unknown, dims has 0 or
 // more than 4 entries, a dim is outside [1, 2^32 - 1], or bytes.size() is not
 // product(dims) * element size; lockstep::IoError if the file cannot be written.
-void write_idx(const std::filesystem::path& path, std::uint8_t type_code,
-               std::span<const std::int64_t> dims, std::span<const std::uint8_t> bytes,
-               bool gzip);
+void write_idx(const std::filesystem::path& path, std::uint8_t type_code, std::span<const std::int64_t> dims,
+               std::span<const std::uint8_t> bytes, bool gzip);
 
 }  // namespace lockstep::data

@@ -17,9 +17,9 @@
 namespace lockstep::nn {
 
 struct TensorSpec {
-  std::string name;            // PyTorch state_dict name, e.g. "0.weight"
+  std::string name;  // PyTorch state_dict name, e.g. "0.weight"
   std::vector<std::int64_t> shape;
-  std::size_t offset = 0;      // in floats, from the start of the arena
+  std::size_t offset = 0;  // in floats, from the start of the arena
   std::size_t numel = 0;
 };
 

@@ -11,14 +11,13 @@ namespace lockstep::nn {
 
 enum class Trans { No, Yes };
 
-void sgemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-           std::int64_t ldc);
+void sgemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 // Triple loop with double accumulation; the reference sgemm is tested against.
 void sgemm_naive(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                 float* c, std::int64_t ldc);
+                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                 std::int64_t ldc);
 
 // OpenBLAS keeps one process-wide thread count. The trainer sets it once at
 // start-up: 1 when replicas share the cores, all cores for a single replica.

@@ -36,8 +36,8 @@ class Layer {
   virtual void init(std::mt19937_64& rng) {}
 
   virtual void forward(const float* x, float* y, std::int64_t batch) = 0;
-  virtual void backward(const float* x, const float* y, const float* dy, float* dx,
-                        std::int64_t batch, bool accumulate) = 0;
+  virtual void backward(const float* x, const float* y, const float* dy, float* dx, std::int64_t batch,
+                        bool accumulate) = 0;
 
   // Floating-point operations the math needs (2 per multiply-add).
   virtual double forward_flops(std::int64_t batch) const { return 0; }

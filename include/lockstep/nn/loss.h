@@ -6,8 +6,8 @@
 namespace lockstep::nn {
 
 struct LossSum {
-  double loss_sum = 0;      // sum over the batch of -log softmax(logits)[label]
-  std::int64_t correct = 0; // samples whose arg-max logit is the label
+  double loss_sum = 0;       // sum over the batch of -log softmax(logits)[label]
+  std::int64_t correct = 0;  // samples whose arg-max logit is the label
 };
 
 // logits: (B, C), labels: (B) with values in [0, C).

@@ -43,28 +43,28 @@ struct TrainConfig {
   ddp::LastBatch last_batch = ddp::LastBatch::Drop;
   comm::Algorithm algorithm = comm::Algorithm::Auto;
   comm::Duration timeout{std::chrono::seconds(60)};
-  bool evaluate = true;            // test accuracy after every epoch
-  std::int64_t log_every = 50;     // progress every this many steps
+  bool evaluate = true;                              // test accuracy after every epoch
+  std::int64_t log_every = 50;                       // progress every this many steps
   std::optional<std::vector<float>> initial_params;  // replaces init (e.g. --init FILE)
-  double peak_flops = 0;           // measured peak for MFU; 0 = no MFU
-  std::int64_t warmup_steps = 0;   // steps left out of the throughput timing
+  double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
+  std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
 };
 
 struct Progress {
-  std::int64_t epoch = 0;          // 0-based
-  std::int64_t step = 0;           // steps completed
+  std::int64_t epoch = 0;  // 0-based
+  std::int64_t step = 0;   // steps completed
   std::int64_t total_steps = 0;
-  double loss = 0;                 // mean training loss since the last report
-  double samples_per_s = 0;        // since the start of training
+  double loss = 0;           // mean training loss since the last report
+  double samples_per_s = 0;  // since the start of training
   float lr = 0;
   std::optional<double> test_accuracy;  // set at the end of an epoch
 };
 
 struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t init_broadcast = 0;
-  std::uint64_t gradients = 0;      // all steps together
-  std::uint64_t control = 0;        // loss and accuracy tallies
-  std::uint64_t unaccounted = 0;    // anything else (must be 0)
+  std::uint64_t gradients = 0;    // all steps together
+  std::uint64_t control = 0;      // loss and accuracy tallies
+  std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
 struct TrainResult {
@@ -73,17 +73,17 @@ struct TrainResult {
   double final_loss = 0;
   std::optional<double> test_accuracy;
   std::vector<double> epoch_test_accuracy;
-  double train_seconds = 0;        // step loop only, without evaluation
+  double train_seconds = 0;  // step loop only, without evaluation
   double samples_per_s = 0;
   double flops_per_sample = 0;
-  double mfu = 0;                  // 0 if no peak was given
+  double mfu = 0;  // 0 if no peak was given
   std::uint64_t param_count = 0;
   std::uint64_t weight_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;
   std::uint64_t allreduce_bytes_per_step_formula = 0;  // 2P(N-1)/N
-  std::vector<TrafficBytes> traffic;  // per replica
+  std::vector<TrafficBytes> traffic;                   // per replica
   std::string model_description, optimizer_description;
   nn::Layout layout;
-  std::vector<float> params;       // replica 0's final weights
+  std::vector<float> params;  // replica 0's final weights
 };
 
 struct TrainHooks {
@@ -96,8 +96,7 @@ struct TrainHooks {
 };
 
 // Builds the model that TrainConfig describes (every replica calls this).
-std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features,
-                                      std::int64_t classes);
+std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features, std::int64_t classes);
 
 // Builds the optimizer that TrainConfig describes for `numel` parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config, std::size_t numel);
