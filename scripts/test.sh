@@ -14,12 +14,12 @@ ctest --test-dir "$build" --output-on-failure --parallel "$jobs" --timeout 900
 
 if [ "${LOCKSTEP_SANITIZERS:-1}" != "0" ]; then
   echo "== ThreadSanitizer: comm, ddp, train" >&2
-  LOCKSTEP_BUILD_DIR="$root/build-tsan" "$root/scripts/build.sh" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_SANITIZE=thread
+  LOCKSTEP_BUILD_DIR="$root/build-tsan" \
+    LOCKSTEP_TARGETS="lockstep_comm_tests lockstep_ddp_tests lockstep_train_tests" \
+    "$root/scripts/build.sh" -DLOCKSTEP_SANITIZE=thread
   ctest --test-dir "$root/build-tsan" --output-on-failure --parallel "$jobs" --timeout 900 \
     -R '^lockstep_(comm|ddp|train)_tests\.'
   echo "== AddressSanitizer + UBSan: everything" >&2
-  LOCKSTEP_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_SANITIZE=address
+  LOCKSTEP_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DLOCKSTEP_SANITIZE=address
   ctest --test-dir "$root/build-asan" --output-on-failure --parallel "$jobs" --timeout 900
 fi
