@@ -2,6 +2,8 @@
 // loss's closed forms. Central differences, losses accumulated in double.
 #include <gtest/gtest.h>
 
+#include "nn/random_values.h"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,14 +15,6 @@
 
 namespace lockstep::nn {
 namespace {
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 // Values with |x| in [lo, hi] and random sign: away from ReLU's kink at 0.
 std::vector<float> away_from_zero(std::size_t n, float lo, float hi, std::uint64_t seed) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "nn/random_values.h"
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -14,14 +16,6 @@
 
 namespace lockstep::nn {
 namespace {
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 TEST(Model, ParameterNamesFollowPyTorchSequentialAndOffsetsAreContiguous) {
   const std::int64_t hidden[] = {512, 256};
