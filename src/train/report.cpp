@@ -42,8 +42,12 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
-  s += "               weights: broadcast once at start (each replica received " +
-       human_bytes(double(r.weight_bytes)) +
+  // Measured: all bytes the replicas sent in the initial broadcast, spread
+  // over the N-1 replicas that received them.
+  std::uint64_t init_sent = 0;
+  for (const auto& t : r.traffic) init_sent += t.init_broadcast;
+  const double received = r.replicas > 1 ? double(init_sent) / double(r.replicas - 1) : 0.0;
+  s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
        "), 0 B after; activations: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) +
        "\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
