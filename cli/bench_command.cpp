@@ -9,7 +9,12 @@ Action add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   Action train = add_bench_train_command(*bench);
   Action allreduce = add_bench_allreduce_command(*bench);
-  return [bench, train, allreduce] { return bench->got_subcommand("train") ? train() : allreduce(); };
+  Action overlap = add_bench_overlap_command(*bench);
+  return [bench, train, allreduce, overlap] {
+    if (bench->got_subcommand("train")) return train();
+    if (bench->got_subcommand("overlap")) return overlap();
+    return allreduce();
+  };
 }
 
 }  // namespace lockstep::cli

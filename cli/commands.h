@@ -3,15 +3,23 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace lockstep::cli {
 
 using Action = std::function<int()>;
 
+// "512,512" -> {512, 512}; throws InvalidArgument naming the flag (train_command.cpp).
+std::vector<std::int64_t> parse_hidden(const std::string& text);
+
 Action add_train_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);  // bench_command.cpp: the `bench` group
 Action add_bench_train_command(CLI::App& bench);
 Action add_bench_allreduce_command(CLI::App& bench);
+Action add_bench_overlap_command(CLI::App& bench);
+Action add_demo_command(CLI::App& app);  // demo_ragged.cpp
 
 }  // namespace lockstep::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
   lockstep::cli::Action train = lockstep::cli::add_train_command(app);
   lockstep::cli::Action bench = lockstep::cli::add_bench_command(app);
+  lockstep::cli::Action demo = lockstep::cli::add_demo_command(app);
 
   try {
     app.parse(argc, argv);
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("train")) return train();
+    if (app.got_subcommand("demo")) return demo();
     return bench();
   } catch (const lockstep::InvalidArgument& e) {
     std::cerr << "lockstep: error: " << e.what() << "\n";

@@ -22,32 +22,18 @@ struct TrainFlags {
   std::string hidden = "512,512";
   std::string shuffle = "on";
   std::string schedule = "cosine";
-  std::string last_batch = "drop";
+  std::string ragged = "weighted";
   std::string algorithm = "auto";
+  std::string compress = "none";
+  std::string link_bandwidth, link_latency;
+  std::string trace_file, svg_file;
+  std::int64_t svg_step = -1;
   double timeout_s = 60;
   bool normalize = false;
   bool quiet = false;
   std::string init_file, save_file, report_file;
   CLI::Option* lr_option = nullptr;
 };
-
-std::vector<std::int64_t> parse_hidden(const std::string& text) {
-  std::vector<std::int64_t> out;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
-      throw InvalidArgument(
-          "--hidden must be a comma-separated list of positive widths such as 512,512; got '" + text + "'");
-    }
-    out.push_back(v);
-    pos = comma + 1;
-  }
-  return out;
-}
 
 // Fails before training, not after it, if the output cannot be written.
 void check_writable(const std::string& path, const char* flag) {
@@ -62,15 +48,32 @@ void check_writable(const std::string& path, const char* flag) {
   }
 }
 
+// Writes next to `path` and renames, so a failed write never leaves half a file.
+void write_atomically(const std::string& path, const std::string& text, const char* what) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    out.close();
+    if (!out) {
+      std::filesystem::remove(tmp);
+      throw IoError(path + ": could not write " + what + " (disk full or not writable).");
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
 class ProgressPrinter {
  public:
   explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) == 1) {}
   void operator()(const train::Progress& p) {
     if (quiet_) return;
     char line[256];
-    std::snprintf(line, sizeof line, "epoch %lld  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s",
+    std::snprintf(line, sizeof line,
+                  "epoch %lld  step %lld/%lld  loss %.4f  lr %.4g  %.0f samples/s  step %.1f ms (comm %.1f, "
+                  "exposed %.1f)",
                   (long long)p.epoch + 1, (long long)p.step, (long long)p.total_steps, p.loss, p.lr,
-                  p.samples_per_s);
+                  p.samples_per_s, p.times.step_ms, p.times.comm_ms, p.times.exposed_comm_ms);
     // On a terminal one line is rewritten in place; elsewhere every update is a line.
     if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
     if (p.test_accuracy) {
@@ -91,12 +94,20 @@ int run_train(TrainFlags& f) {
   c.hidden = parse_hidden(f.hidden);
   c.shuffle = f.shuffle == "on";
   c.schedule = f.schedule == "cosine" ? optim::Schedule::Cosine : optim::Schedule::Constant;
-  c.last_batch = f.last_batch == "keep" ? ddp::LastBatch::Keep : ddp::LastBatch::Drop;
+  c.ragged = train::ragged_from_string(f.ragged);
   c.algorithm = comm::algorithm_from_string(f.algorithm);
+  c.compression = f.compress == "bf16" ? ddp::Compression::Bf16 : ddp::Compression::None;
+  if (!f.link_bandwidth.empty()) c.link.bytes_per_second = comm::parse_bandwidth(f.link_bandwidth);
+  if (!f.link_latency.empty()) c.link.latency = comm::parse_latency(f.link_latency);
+  c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty();
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   check_writable(f.save_file, "--save");
   check_writable(f.report_file, "--report");
+  check_writable(f.trace_file, "--trace");
+  check_writable(f.svg_file, "--timeline-svg");
+  if (f.svg_step >= 0 && f.svg_file.empty())
+    throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
 
   const auto data = data::load_image_classification(f.data_dir, {.normalize = f.normalize});
   if (!f.init_file.empty()) {
@@ -117,23 +128,45 @@ int run_train(TrainFlags& f) {
     nn::save_weights(f.save_file, result.layout, result.params,
                      {{"format", "pt"}, {"model", result.model_description}});
   }
-  if (!f.report_file.empty()) {
-    const std::string tmp = f.report_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << train::report_json(c, result);
-      out.close();
-      if (!out) {
-        std::filesystem::remove(tmp);
-        throw IoError(f.report_file + ": could not write the report (disk full or not writable).");
-      }
+  if (!f.report_file.empty()) write_atomically(f.report_file, train::report_json(c, result), "the report");
+  if (!f.trace_file.empty()) {
+    train::write_chrome_trace(f.trace_file, result.timeline, c.replicas);
+    if (!f.quiet)
+      std::fprintf(stderr, "trace: %s (open it in https://ui.perfetto.dev)\n", f.trace_file.c_str());
+  }
+  if (!f.svg_file.empty()) {
+    // Default: the last step, when everything has warmed up.
+    const std::int64_t step = f.svg_step >= 0 ? f.svg_step : result.steps - 1;
+    if (step >= result.steps) {
+      throw InvalidArgument("--timeline-step " + std::to_string(step) + " is past the run's last step (" +
+                            std::to_string(result.steps - 1) + ").");
     }
-    std::filesystem::rename(tmp, f.report_file);
+    write_atomically(f.svg_file, train::render_timeline_svg(result.timeline, c.replicas, step),
+                     "the timeline");
+    if (!f.quiet) std::fprintf(stderr, "timeline of step %lld: %s\n", (long long)step, f.svg_file.c_str());
   }
   return 0;
 }
 
 }  // namespace
+
+std::vector<std::int64_t> parse_hidden(const std::string& text) {
+  std::vector<std::int64_t> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
+      throw InvalidArgument(
+          "--hidden must be a comma-separated list of positive widths such as 512,512; got '" + text + "'");
+    }
+    out.push_back(v);
+    pos = comma + 1;
+  }
+  return out;
+}
 
 Action add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
@@ -167,10 +200,36 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order");
   cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")
       ->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--last-batch", flags->last_batch,
-                  "An epoch's last partial global batch: drop it, or keep it as ragged shards weighted by "
-                  "sample count")
-      ->check(CLI::IsMember({"drop", "keep"}));
+  cmd->add_option("--ragged", flags->ragged,
+                  "An epoch's last partial global batch: keep it as ragged shards weighted by sample count, "
+                  "drop it, or pad the shards to equal size and mask the padding")
+      ->check(CLI::IsMember({"weighted", "drop", "pad"}));
+  cmd->add_option(
+         "--accumulate", c.accumulate,
+         "Micro-steps per optimizer step, accumulated locally with one all-reduce at the end; effective "
+         "batch = replicas x micro-batch x accumulate")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+  cmd->add_option("--bucket-mb", c.bucket_mb,
+                  "Gradient bucket size in MiB (0: one bucket after backward, no overlap)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--first-bucket-mb", c.first_bucket_mb,
+                  "Size in MiB of the first bucket (the last layers' gradients, ready first)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--compress", flags->compress,
+                  "All-reduce gradients in bf16 (half the bytes, error feedback)")
+      ->check(CLI::IsMember({"none", "bf16"}));
+  cmd->add_option("--link-bandwidth", flags->link_bandwidth,
+                  "Model a link of this bandwidth between replicas, e.g. 10Gbit or 10GB/s (default: none)");
+  cmd->add_option("--link-latency", flags->link_latency,
+                  "Model this latency per message between replicas, e.g. 50us (default: none)");
+  cmd->add_option(
+      "--trace", flags->trace_file,
+      "Write a Chrome trace (JSON) of every replica's forward, backward, all-reduce and optimizer "
+      "spans; open it in Perfetto");
+  cmd->add_option("--timeline-svg", flags->svg_file,
+                  "Draw one step's timeline (replicas x compute/communication) as an SVG file");
+  cmd->add_option("--timeline-step", flags->svg_step, "The step --timeline-svg draws (default: the last)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--data", flags->data_dir,
                   "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");

@@ -23,7 +23,9 @@ std::string describe(const Fingerprint& fp) {
   if (fp.kind == CollectiveKind::Allreduce || fp.kind == CollectiveKind::ReduceScatter) {
     s += std::string(to_string(fp.op)) + ", ";
   }
-  s += fp.dtype == DataType::Float32 ? "float32, " : "bytes, ";
+  s += fp.dtype == DataType::Float32    ? "float32, "
+       : fp.dtype == DataType::BFloat16 ? "bfloat16, "
+                                        : "bytes, ";
   s += std::to_string(fp.count) + " elements";
   if (fp.root >= 0) s += ", root " + std::to_string(fp.root);
   s += ", seq " + std::to_string(fp.sequence);

@@ -22,6 +22,7 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
   grads_ = Arena(layout_.numel());
   std::size_t t = 0;
   for (auto& layer : layers_) {
+    layer_tensors_.push_back({t, t + layer->params().size()});
     std::vector<float*> p, g;
     for (std::size_t k = 0; k < layer->params().size(); ++k, ++t) {
       p.push_back(params_.view(layout_.tensors()[t]).data());
@@ -68,7 +69,8 @@ std::span<const float> Model::forward(std::span<const float> x, std::int64_t bat
   return {acts_.back().data(), static_cast<std::size_t>(batch * out_features())};
 }
 
-void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate) {
+void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate,
+                     const std::function<void(std::size_t layer)>& layer_done) {
   LOCKSTEP_CHECK(batch <= capacity_, "backward without a matching forward");
   LOCKSTEP_CHECK(dlogits.size() == static_cast<std::size_t>(batch * out_features()),
                  "dlogits has the wrong size");
@@ -77,6 +79,7 @@ void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool ac
     const float* x = i == 0 ? input_ : acts_[i - 1].data();
     float* dx = i == 0 ? nullptr : dbuf_[i % 2].data();
     layers_[i]->backward(x, acts_[i].data(), dy, dx, batch, accumulate);
+    if (layer_done) layer_done(i);
     dy = dx;
   }
 }

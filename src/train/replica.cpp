@@ -1,21 +1,48 @@
 // One replica: the card's step, in order.
 //   1. take this replica's shard of the global batch (no communication);
-//   2. forward and backward through its own weights (activations stay here);
-//   3. average_gradients: the one all-reduce of the step;
-//   4. the optimizer step, identical everywhere.
+//   2. forward and backward through its own weights (activations stay here),
+//      in `accumulate` micro-steps that add into the same gradients;
+//   3. during the last backward, each layer's gradients are announced to the
+//      reducer, whose communication thread all-reduces full buckets while
+//      backward goes on (the one all-reduce of the step, in buckets);
+//   4. wait for the buckets still in flight, then the optimizer step,
+//      identical everywhere.
 #include "replica.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "lockstep/ddp/gradient_sync.h"
+#include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
 
 namespace lockstep::train::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Records this replica's events against the run's common zero.
+class Recorder {
+ public:
+  Recorder(bool keep, int replica, Clock::time_point t0) : keep_(keep), replica_(replica), t0_(t0) {}
+  void add(Track track, Phase phase, std::int64_t step, std::string name, Clock::time_point a,
+           Clock::time_point b, std::uint64_t bytes = 0) {
+    if (!keep_) return;
+    events_.push_back({replica_, track, phase, step, std::move(name), us(a), us(b), bytes});
+  }
+  std::vector<TimelineEvent> take() { return std::move(events_); }
+
+ private:
+  double us(Clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - t0_).count(); }
+  bool keep_;
+  int replica_;
+  Clock::time_point t0_;
+  std::vector<TimelineEvent> events_;
+};
 
 // Sum-all-reduces a few tallies (loss sums, sample and correct counts). They
 // travel as float: counts stay exact below 2^24, and a logged loss needs no
@@ -69,12 +96,28 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   comm::broadcast(comm, params, 0);
   out.traffic.init_broadcast = comm.stats().bytes_sent;
 
+  std::vector<std::size_t> numels;
+  for (const auto& t : model->layout().tensors()) numels.push_back(t.numel);
+  const auto before_setup = comm.stats().bytes_sent;
+  ddp::Reducer reducer(comm, grads, numels,
+                       {.first_bucket_mb = c.first_bucket_mb,
+                        .bucket_mb = c.bucket_mb,
+                        .algorithm = c.algorithm,
+                        .compression = c.compression});
+  out.traffic.setup = comm.stats().bytes_sent - before_setup;  // the bucket layout check
+  out.buckets = reducer.buckets();
+  std::vector<std::string> layer_names;
+  for (std::size_t i = 0; i < model->layer_count(); ++i) layer_names.push_back(model->layer(i).describe());
+  Recorder recorder(c.record_timeline, rank, s.t0);
+
   const std::int64_t features = train.features, classes = train.num_classes;
-  std::vector<float> x(static_cast<std::size_t>(c.micro_batch * features + features));
-  std::vector<std::int32_t> y(static_cast<std::size_t>(c.micro_batch + 1));
-  std::vector<float> dlogits(static_cast<std::size_t>((c.micro_batch + 1) * classes));
+  const std::int64_t shard_capacity = c.micro_batch * c.accumulate;  // the sampler's micro-batch
+  std::vector<float> x(static_cast<std::size_t>(shard_capacity * features + features));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(shard_capacity + 1));
+  std::vector<float> dlogits(static_cast<std::size_t>((shard_capacity + 1) * classes));
   std::vector<std::int64_t> order;
   double window[2] = {0, 0};  // loss sum, samples since the last report
+  std::size_t window_first_step = 0;
   auto start = Clock::now();
   double eval_seconds = 0;
   std::int64_t samples = 0;  // global samples processed by the group since `start`
@@ -85,39 +128,95 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       samples = 0;
       eval_seconds = 0;
     }
+    const auto t_step = Clock::now();
     const std::int64_t epoch = step / s.sampler.steps_per_epoch();
     const std::int64_t in_epoch = step % s.sampler.steps_per_epoch();
     if (in_epoch == 0) order = s.sampler.epoch_order(epoch);
     const ddp::Shard shard = s.sampler.shard(in_epoch, rank);
     const std::int64_t b = shard.size();
+    // Pad: every replica computes the largest shard's rows; the padding
+    // (zeros, masked out of the loss) contributes exactly nothing.
+    const std::int64_t n = comm.size();
+    const std::int64_t rows = c.ragged == Ragged::Pad ? (shard.global_count + n - 1) / n : b;
 
     for (std::int64_t i = 0; i < b; ++i) {  // gather this replica's own samples
       const std::int64_t idx = order[static_cast<std::size_t>(shard.begin + i)];
       std::memcpy(&x[i * features], train.input(idx).data(), features * sizeof(float));
       y[i] = train.labels[idx];
     }
-    auto logits = model->forward(std::span<const float>(x.data(), b * features), b);
-    auto loss = nn::softmax_cross_entropy(logits.data(), y.data(), b, classes, dlogits.data(),
-                                          b > 0 ? 1.0f / float(b) : 0.0f);
-    // Accumulates into gradients the previous optimizer step left at zero.
-    model->backward(std::span<const float>(dlogits.data(), b * classes), b, /*accumulate=*/true);
+    if (rows > b) {
+      std::fill(x.begin() + b * features, x.begin() + rows * features, 0.0f);
+      std::fill(y.begin() + b, y.begin() + rows, 0);
+    }
 
-    const auto before = comm.stats().bytes_sent;
-    ddp::average_gradients(comm, grads, b, shard.global_count, c.algorithm);
-    out.traffic.gradients += comm.stats().bytes_sent - before;
+    reducer.begin_step(b, shard.global_count);
+    double loss_sum = 0;
+    for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
+      const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
+      const bool last = k == c.accumulate - 1;
+      auto t = Clock::now();
+      auto logits = model->forward(std::span<const float>(&x[lo * features], m * features), m);
+      const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
+      auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(),
+                                            b > 0 ? 1.0f / float(b) : 0.0f);
+      std::fill(dlogits.begin() + real * classes, dlogits.begin() + m * classes, 0.0f);
+      loss_sum += loss.loss_sum;
+      auto now = Clock::now();
+      recorder.add(Track::Compute, Phase::Forward, step, "forward", t, now);
+      t = now;
+      // Adds into the gradients the previous optimizer step left at zero.
+      model->backward(std::span<const float>(dlogits.data(), m * classes), m, /*accumulate=*/true,
+                      [&](std::size_t layer) {
+                        const auto done = Clock::now();
+                        recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
+                                     t, done);
+                        t = done;
+                        if (!last) return;
+                        const auto range = model->layer_tensors(layer);
+                        for (std::size_t i = range.end; i-- > range.first;) reducer.mark_ready(i);
+                      });
+    }
+    const auto t_backward_end = Clock::now();
+    const auto& timing = reducer.finish_step();
+    const auto t_wait_end = Clock::now();
+    if (t_wait_end > t_backward_end) {
+      recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_backward_end, t_wait_end);
+    }
+    StepSample sample;
+    for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
+      const auto& bt = timing.buckets[k];
+      sample.comm += ms_between(bt.start, bt.end);
+      out.traffic.gradients += bt.bytes_sent;
+      recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
+                   bt.end, bt.bytes_sent);
+    }
 
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
     optimizer->step_and_zero_grads(params, grads, lr);
+    const auto t_end = Clock::now();
+    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_end);
+    sample.step = ms_between(t_step, t_end);
+    sample.exposed = ms_between(t_backward_end, t_wait_end);
+    sample.compute = sample.step - sample.exposed;
+    out.steps.push_back(sample);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
 
-    window[0] += loss.loss_sum;
+    window[0] += loss_sum;
     window[1] += double(b);
     samples += shard.global_count;
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || step == s.total_steps - 1;
     if ((step + 1) % c.log_every == 0 || epoch_end) {
       const auto before_ctl = comm.stats().bytes_sent;
       allreduce_tallies(comm, window);
-      Progress p{epoch, step + 1, s.total_steps, window[0] / window[1], 0, lr, std::nullopt};
+      Progress p{epoch,
+                 step + 1,
+                 s.total_steps,
+                 window[0] / window[1],
+                 0,
+                 lr,
+                 median_times(std::span(out.steps).subspan(window_first_step)),
+                 std::nullopt};
+      window_first_step = out.steps.size();
       out.final_loss = p.loss;
       window[0] = window[1] = 0;
       if (epoch_end && c.evaluate) {
@@ -135,10 +234,33 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   }
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();
-  out.traffic.unaccounted =
-      st.bytes_sent - out.traffic.init_broadcast - out.traffic.gradients - out.traffic.control;
+  out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
+                            out.traffic.gradients - out.traffic.control;
   if (rank == 0) out.params.assign(params.begin(), params.end());
+  out.events = recorder.take();
   return out;
+}
+
+}  // namespace lockstep::train::detail
+
+namespace lockstep::train::detail {
+
+StepTimes median_times(std::span<const StepSample> samples) {
+  StepTimes t;
+  if (samples.empty()) return t;
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    for (const auto& s : samples) v.push_back(field(s));
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  t.step_ms = median([](const StepSample& s) { return s.step; });
+  t.compute_ms = median([](const StepSample& s) { return s.compute; });
+  t.comm_ms = median([](const StepSample& s) { return s.comm; });
+  t.exposed_comm_ms = median([](const StepSample& s) { return s.exposed; });
+  t.overlap_fraction = median(
+      [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; });
+  return t;
 }
 
 }  // namespace lockstep::train::detail

@@ -1,6 +1,8 @@
 // Private: one replica's training loop, run on its own thread.
 #pragma once
 
+#include <chrono>
+
 #include "lockstep/comm/communicator.h"
 #include "lockstep/train/trainer.h"
 
@@ -12,7 +14,12 @@ struct Shared {  // read-only during training; owned by train()
   const TrainHooks& hooks;
   const ddp::DistributedSampler& sampler;
   std::int64_t total_steps;
-  std::int64_t warmup_steps;  // < total_steps; 0 if the config asked for too many
+  std::int64_t warmup_steps;                 // < total_steps; 0 if the config asked for too many
+  std::chrono::steady_clock::time_point t0;  // the timeline's zero, the same for all replicas
+};
+
+struct StepSample {  // one step of one replica, in ms
+  double step = 0, compute = 0, comm = 0, exposed = 0;
 };
 
 struct ReplicaOutput {
@@ -22,7 +29,13 @@ struct ReplicaOutput {
   double train_seconds = 0;
   std::int64_t epochs_run = 0;
   std::vector<float> params;  // filled on rank 0 only
+  std::vector<ddp::Bucket> buckets;
+  std::vector<StepSample> steps;
+  std::vector<TimelineEvent> events;  // if config.record_timeline
 };
+
+// Medians of the samples' fields (overlap from each step's own ratio).
+StepTimes median_times(std::span<const StepSample> samples);
 
 ReplicaOutput run_replica(const Shared& shared, comm::Communicator& comm);
 

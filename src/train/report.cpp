@@ -24,30 +24,51 @@ std::uint64_t gradient_bytes_per_step(const TrainResult& r) {
 std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   char line[512];
   std::string s;
-  std::snprintf(line, sizeof line,
-                "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
-                (long long)r.replicas, (long long)r.micro_batch, (long long)r.global_batch,
-                (long long)r.steps, (long long)r.epochs_run);
+  if (r.accumulate > 1) {
+    std::snprintf(
+        line, sizeof line,
+        "lockstep: %lld replicas x %lld x %lld accumulated micro-steps = effective batch %lld, %lld "
+        "steps (%lld epochs)\n",
+        (long long)r.replicas, (long long)r.micro_batch, (long long)r.accumulate, (long long)r.global_batch,
+        (long long)r.steps, (long long)r.epochs_run);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
+                  (long long)r.replicas, (long long)r.micro_batch, (long long)r.global_batch,
+                  (long long)r.steps, (long long)r.epochs_run);
+  }
   s += line;
   s += "  model        " + r.model_description + " (" + std::to_string(r.param_count) + " parameters)\n";
   s += "  replicated   per replica: weights " + human_bytes(double(r.weight_bytes)) + ", gradients " +
        human_bytes(double(r.grad_bytes)) + ", optimizer state " +
        human_bytes(double(r.optimizer_state_bytes)) + " (" + r.optimizer_description + ")\n";
   std::snprintf(line, sizeof line,
-                "  split        each step's %lld samples are cut into %lld disjoint micro-batches of %lld; "
+                "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; "
                 "each replica saw %lld samples in all\n",
-                (long long)r.global_batch, (long long)r.replicas, (long long)r.micro_batch,
+                (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate),
                 (long long)(r.samples_seen / std::max<std::int64_t>(1, r.replicas)));
   s += line;
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
+  std::snprintf(
+      line, sizeof line, "  buckets      %zu (first %.3g MiB, then %.3g MiB)%s%s%s\n", r.buckets.size(),
+      c.first_bucket_mb, c.bucket_mb, c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
+      c.link.enabled() ? ", modelled link " : "", c.link.enabled() ? c.link.describe().c_str() : "");
+  s += line;
+  std::snprintf(line, sizeof line,
+                "  step time    %.2f ms (median): compute %.2f, communication %.2f of which exposed %.2f "
+                "(overlap %.0f%%)\n",
+                r.times.step_ms, r.times.compute_ms, r.times.comm_ms, r.times.exposed_comm_ms,
+                100 * r.times.overlap_fraction);
+  s += line;
   // Measured: all bytes the replicas sent in the initial broadcast, spread
   // over the N-1 replicas that received them.
   std::uint64_t init_sent = 0;
   for (const auto& t : r.traffic) init_sent += t.init_broadcast;
   const double received = r.replicas > 1 ? double(init_sent) / double(r.replicas - 1) : 0.0;
-  s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
+  s += "               weights: broadcast once at start (each other replica received " +
+       human_bytes(received) +
        "), 0 B after; activations: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) +
        "\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
@@ -69,6 +90,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   nlohmann::json j;
   j["replicas"] = r.replicas;
   j["micro_batch"] = r.micro_batch;
+  j["accumulate"] = r.accumulate;
   j["global_batch"] = r.global_batch;
   j["steps"] = r.steps;
   j["epochs"] = r.epochs_run;
@@ -87,7 +109,25 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"weight_decay", c.weight_decay},
                  {"seed", c.seed},
                  {"shuffle", c.shuffle},
-                 {"schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"}};
+                 {"schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"},
+                 {"ragged", to_string(c.ragged)},
+                 {"first_bucket_mb", c.first_bucket_mb},
+                 {"bucket_mb", c.bucket_mb},
+                 {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
+                 {"link_bytes_per_second", c.link.bytes_per_second},
+                 {"link_latency_us", double(c.link.latency.count()) / 1000.0}};
+  j["timing"] = {{"step_ms", r.times.step_ms},
+                 {"compute_ms", r.times.compute_ms},
+                 {"comm_ms", r.times.comm_ms},
+                 {"exposed_comm_ms", r.times.exposed_comm_ms},
+                 {"overlap_fraction", r.times.overlap_fraction}};
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : r.buckets) {
+    nlohmann::json names = nlohmann::json::array();
+    for (auto t : b.tensors) names.push_back(r.layout.tensors()[t].name);
+    buckets.push_back({{"bytes", b.bytes()}, {"offset", b.offset}, {"tensors", names}});
+  }
+  j["buckets"] = buckets;
   const auto& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   j["bytes"] = {{"weights_per_replica", r.weight_bytes},
                 {"grads_per_replica", r.grad_bytes},
@@ -101,6 +141,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   nlohmann::json per = nlohmann::json::array();
   for (const auto& t : r.traffic) {
     per.push_back({{"init_broadcast", t.init_broadcast},
+                   {"setup", t.setup},
                    {"gradients", t.gradients},
                    {"control", t.control},
                    {"unaccounted", t.unaccounted}});

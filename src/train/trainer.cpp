@@ -28,10 +28,40 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   }
   if (!(c.lr > 0) || !std::isfinite(c.lr)) throw InvalidArgument("--lr must be a positive number");
   if (c.log_every < 1) throw InvalidArgument("log interval must be at least 1 step");
+  if (c.accumulate < 1 || c.accumulate > 65536) {
+    throw InvalidArgument("--accumulate must be between 1 and 65536, got " + std::to_string(c.accumulate));
+  }
+  if (c.micro_batch > (std::int64_t{1} << 40) / c.accumulate) {
+    throw InvalidArgument("--micro-batch x --accumulate is too large");
+  }
+  if (c.link.enabled() && c.algorithm == comm::Algorithm::SharedMemory) {
+    throw InvalidArgument(
+        "--algorithm shared_memory sends no messages, so a modelled link cannot delay it; use auto, ring or "
+        "halving_doubling with --link-bandwidth/--link-latency");
+  }
   if (data.train.size == 0 || data.test.size == 0) throw InvalidArgument("the data set is empty");
 }
 
 }  // namespace
+
+const char* to_string(Ragged ragged) {
+  switch (ragged) {
+    case Ragged::Weighted:
+      return "weighted";
+    case Ragged::Drop:
+      return "drop";
+    case Ragged::Pad:
+      return "pad";
+  }
+  return "?";
+}
+
+Ragged ragged_from_string(std::string_view name) {
+  for (auto r : {Ragged::Weighted, Ragged::Drop, Ragged::Pad})
+    if (name == to_string(r)) return r;
+  throw InvalidArgument("unknown ragged-shard policy '" + std::string(name) +
+                        "'; the choices are: weighted, drop, pad");
+}
 
 std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features,
                                       std::int64_t classes) {
@@ -46,12 +76,13 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::size
 
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   validate(c, data);
-  ddp::DistributedSampler sampler({.dataset_size = data.train.size,
-                                   .world_size = c.replicas,
-                                   .micro_batch = c.micro_batch,
-                                   .shuffle = c.shuffle,
-                                   .seed = c.seed,
-                                   .last_batch = c.last_batch});
+  ddp::DistributedSampler sampler(
+      {.dataset_size = data.train.size,
+       .world_size = c.replicas,
+       .micro_batch = c.micro_batch * c.accumulate,
+       .shuffle = c.shuffle,
+       .seed = c.seed,
+       .last_batch = c.ragged == Ragged::Drop ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
   auto probe = make_model(c, data.train.features, data.train.num_classes);
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {
@@ -69,8 +100,9 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   nn::set_blas_threads(c.replicas >= cores ? 1 : std::max(1, cores / c.replicas));
 
   auto comms = comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout});
+  if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
   const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
-  detail::Shared shared{c, data, hooks, sampler, total_steps, warmup};
+  detail::Shared shared{c, data, hooks, sampler, total_steps, warmup, std::chrono::steady_clock::now()};
   std::vector<detail::ReplicaOutput> outputs(c.replicas);
   std::vector<std::exception_ptr> errors(c.replicas);
   {
@@ -106,6 +138,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   const auto& o = outputs[0];
   res.replicas = c.replicas;
   res.micro_batch = c.micro_batch;
+  res.accumulate = c.accumulate;
   res.global_batch = sampler.global_batch();
   res.steps = total_steps;
   res.epochs_run = o.epochs_run;
@@ -130,7 +163,15 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   res.optimizer_description = probe_optimizer->describe();
   res.allreduce_bytes_per_step_formula =
       2 * res.grad_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
-  for (auto& out : outputs) res.traffic.push_back(out.traffic);
+  std::vector<detail::StepSample> samples;
+  for (auto& out : outputs) {
+    res.traffic.push_back(out.traffic);
+    samples.insert(samples.end(), out.steps.begin(), out.steps.end());
+    res.timeline.insert(res.timeline.end(), std::make_move_iterator(out.events.begin()),
+                        std::make_move_iterator(out.events.end()));
+  }
+  res.times = detail::median_times(samples);
+  res.buckets = o.buckets;
   res.model_description = probe->describe();
   res.layout = probe->layout();
   res.params = o.params;

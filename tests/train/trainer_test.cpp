@@ -86,7 +86,7 @@ TEST(Equivalence, RaggedLastBatchIsWeightedBySampleCount) {
   for (auto* c : {&one, &eight, &seven}) {
     c->steps = 0;
     c->epochs = 2;
-    c->last_batch = ddp::LastBatch::Keep;
+    c->ragged = Ragged::Weighted;
   }
   const auto a = train(one, data);
   const auto b = train(eight, data);

@@ -5,6 +5,7 @@
 // identical results.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -36,6 +37,16 @@ Algorithm algorithm_from_string(std::string_view name);
 
 // In place: on return every rank's `data` holds op(data of all ranks).
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
+
+// allreduce with bfloat16 on the wire (bf16.h): half the bytes of the float
+// ring. In place: on return every rank's `data` holds op(data of all ranks),
+// rounded to bf16, bitwise identical on every rank. `op` must be Sum or Mean;
+// Max and Min throw InvalidArgument (and abort the group). Always the ring:
+// partial sums are added in float and rounded to bf16 only to be sent on, so
+// a result carries N-1 roundings to bf16 (error bound: ring_allreduce_bf16.cpp).
+// Ring: 2(N-1) rounds; bytes sent per rank 2(N-1)/N x 2 x count, half the
+// float ring's 2(N-1)/N x 4 x count.
+void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op);
 
 // `in` (the same count on every rank) is cut into N chunks as evenly as
 // possible (chunk i = [i*count/N, (i+1)*count/N)); rank r receives in `out`

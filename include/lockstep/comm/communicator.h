@@ -51,7 +51,7 @@ struct CommStats {
 // collective carries one and checks it against the other ranks' before it
 // moves any data; a mismatch aborts the group with both sides named.
 enum class CollectiveKind : std::uint32_t { Allreduce = 1, Broadcast, Barrier, ReduceScatter, AllGather };
-enum class DataType : std::uint32_t { Float32 = 1, Bytes };
+enum class DataType : std::uint32_t { Float32 = 1, Bytes, BFloat16 };
 
 struct Fingerprint {
   std::uint64_t sequence = 0;  // the call's number on this communicator

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,7 +31,6 @@ class Model {
   std::span<const float> params() const { return params_.span(); }
   std::span<float> grads() { return grads_.span(); }
   std::span<const float> grads() const { return grads_.span(); }
-  // Gradient spans of each layer that has parameters, in layer order.
   std::int64_t in_features() const;
   std::int64_t out_features() const;
 
@@ -43,7 +43,18 @@ class Model {
   std::span<const float> forward(std::span<const float> x, std::int64_t batch);
   // dlogits: (B, out). Writes (or, with accumulate, adds to) grads().
   // Must follow forward() with the same batch. The input gets no gradient.
-  void backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate = false);
+  // `layer_done(i)`, if given, is called as soon as layer i's parameter
+  // gradients are final, last layer first: the reducer's "ready" events.
+  void backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate = false,
+                const std::function<void(std::size_t layer)>& layer_done = {});
+
+  std::size_t layer_count() const { return layers_.size(); }
+  const Layer& layer(std::size_t i) const { return *layers_[i]; }
+  // Layer i's tensors are layout().tensors()[first, end).
+  struct TensorRange {
+    std::size_t first = 0, end = 0;
+  };
+  TensorRange layer_tensors(std::size_t i) const { return layer_tensors_[i]; }
 
   // Forward + backward flops per sample that the math needs (no input grad).
   double train_flops_per_sample() const;
@@ -54,6 +65,7 @@ class Model {
   void reserve(std::int64_t batch);
 
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<TensorRange> layer_tensors_;
   Layout layout_;
   Arena params_;
   Arena grads_;

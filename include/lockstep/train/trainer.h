@@ -14,16 +14,30 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/comm/collectives.h"
+#include "lockstep/comm/modelled_link.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/ddp/reducer.h"
 #include "lockstep/ddp/sampler.h"
 #include "lockstep/nn/arena.h"
 #include "lockstep/nn/model.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/train/timeline.h"
 
 namespace lockstep::train {
+
+// What to do when a step's samples do not split evenly over the replicas
+// (an epoch's last, partial global batch).
+enum class Ragged {
+  Weighted,  // keep it; weight each replica's gradient by its sample count (exact mean)
+  Drop,      // drop the partial global batch: every step has exactly N x micro-batch samples
+  Pad,       // keep it; pad short shards to equal size and mask the padding out of the loss
+};
+const char* to_string(Ragged ragged);
+Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument naming the choices
 
 struct TrainConfig {
   int replicas = 8;
@@ -40,14 +54,29 @@ struct TrainConfig {
   bool nesterov = false;
   std::uint64_t seed = 0;
   bool shuffle = true;
-  ddp::LastBatch last_batch = ddp::LastBatch::Drop;
+  Ragged ragged = Ragged::Weighted;
+  std::int64_t accumulate = 1;  // micro-steps per optimizer step, one all-reduce at the last
   comm::Algorithm algorithm = comm::Algorithm::Auto;
+  double first_bucket_mb = 1;  // gradient buckets (ddp/reducer.h); bucket_mb 0 = one bucket
+  double bucket_mb = 25;
+  ddp::Compression compression = ddp::Compression::None;
+  comm::LinkModel link;  // modelled interconnect between the replicas; default: none
   comm::Duration timeout{std::chrono::seconds(60)};
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
   std::optional<std::vector<float>> initial_params;  // replaces init (e.g. --init FILE)
   double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
+  bool record_timeline = false;                      // keep every event (for --trace, --timeline-svg)
+};
+
+// Per-step times, each the median over the steps of the run (all replicas).
+struct StepTimes {
+  double step_ms = 0;
+  double compute_ms = 0;        // forward, backward and optimizer: the step minus its wait
+  double comm_ms = 0;           // the buckets' all-reduces, on the communication thread
+  double exposed_comm_ms = 0;   // waited on communication after backward ended
+  double overlap_fraction = 0;  // 1 - exposed / comm
 };
 
 struct Progress {
@@ -57,18 +86,20 @@ struct Progress {
   double loss = 0;           // mean training loss since the last report
   double samples_per_s = 0;  // since the start of training
   float lr = 0;
+  StepTimes times;                      // rank 0's medians since the last report
   std::optional<double> test_accuracy;  // set at the end of an epoch
 };
 
 struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t init_broadcast = 0;
+  std::uint64_t setup = 0;        // start-up checks (the bucket layout)
   std::uint64_t gradients = 0;    // all steps together
   std::uint64_t control = 0;      // loss and accuracy tallies
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
 struct TrainResult {
-  std::int64_t replicas = 0, micro_batch = 0, global_batch = 0, steps = 0, epochs_run = 0;
+  std::int64_t replicas = 0, micro_batch = 0, accumulate = 1, global_batch = 0, steps = 0, epochs_run = 0;
   std::int64_t samples_seen = 0;
   double final_loss = 0;
   std::optional<double> test_accuracy;
@@ -81,6 +112,9 @@ struct TrainResult {
   std::uint64_t weight_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;
   std::uint64_t allreduce_bytes_per_step_formula = 0;  // 2P(N-1)/N
   std::vector<TrafficBytes> traffic;                   // per replica
+  StepTimes times;
+  std::vector<ddp::Bucket> buckets;     // launch order
+  std::vector<TimelineEvent> timeline;  // every replica's, if config.record_timeline
   std::string model_description, optimizer_description;
   nn::Layout layout;
   std::vector<float> params;  // replica 0's final weights

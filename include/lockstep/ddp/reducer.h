@@ -1,0 +1,108 @@
+// The reducer: gradient buckets whose all-reduce overlaps with backward.
+//
+// The reducer sees one contiguous span of gradients cut into tensors, and
+// "tensor i is ready" events. It never sees layers. Backward produces
+// gradients last tensor first, so buckets are filled in reverse tensor order
+// (Note [Bucket assignment] in reducer.cpp) and each is a contiguous range of
+// the gradient span: the gradients live in bucket memory and are reduced in
+// place, with no copy.
+//
+// A step:
+//   begin_step(local, global)     the sample counts, for ragged weighting
+//   mark_ready(t) for every t     from backward, in any order; when the last
+//                                 tensor of bucket k is ready, bucket k is
+//                                 queued to the communication thread, which
+//                                 all-reduces buckets strictly in order 0, 1, ...
+//   finish_step()                 waits for what is still in flight
+// On return every replica holds the mean gradient over all `global` samples
+// (the contract of ddp::average_gradients, which is the reducer's naive
+// sibling: one all-reduce after backward).
+//
+// Threading: the owning thread calls every method. The communication thread
+// is the only user of the communicator between begin_step() and the return
+// of finish_step(); outside a step the owner may use it freely. A bucket's
+// memory belongs to the communication thread from its last mark_ready until
+// finish_step() returns.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/comm/collectives.h"
+
+namespace lockstep::ddp {
+
+struct Bucket {
+  std::size_t offset = 0;            // first float in the gradient span
+  std::size_t numel = 0;             // floats
+  std::vector<std::size_t> tensors;  // tensor indices, in fill (reverse) order
+  std::size_t bytes() const { return numel * sizeof(float); }
+};
+
+// Note [Bucket assignment]: a pure function of the tensor sizes and the caps,
+// so every replica computes the same buckets without talking. Tensors are
+// taken last to first; a tensor joins the open bucket, and the bucket closes
+// once it holds at least its cap (the first bucket's cap is
+// `first_bucket_bytes`, every later one's `bucket_bytes`). A tensor larger
+// than the cap therefore closes its bucket at once. `bucket_bytes` == 0 means
+// one bucket for everything (no overlap). Buckets are returned in launch order.
+std::vector<Bucket> assign_buckets(std::span<const std::size_t> tensor_numels, std::size_t first_bucket_bytes,
+                                   std::size_t bucket_bytes);
+
+// One line per bucket: "bucket 0: 1.00 MiB, tensors 3.bias 3.weight".
+std::string describe_buckets(const std::vector<Bucket>& buckets, std::span<const std::string> tensor_names);
+
+enum class Compression {
+  None,
+  Bf16,  // bf16 on the wire (half the bytes), with error feedback
+};
+
+struct ReducerOptions {
+  double first_bucket_mb = 1;  // MiB; the first bucket launched (the last tensors)
+  double bucket_mb = 25;       // MiB; 0 = a single bucket at the end of backward
+  comm::Algorithm algorithm = comm::Algorithm::Auto;
+  Compression compression = Compression::None;
+};
+
+// When bucket k's all-reduce happened in the last step.
+struct BucketTiming {
+  std::chrono::steady_clock::time_point ready, start, end;
+  std::uint64_t bytes_sent = 0;
+};
+
+struct StepTiming {
+  std::vector<BucketTiming> buckets;                           // in launch order
+  std::chrono::steady_clock::time_point wait_start, wait_end;  // finish_step's wait
+};
+
+class Reducer {
+ public:
+  // `grads` must outlive the reducer. Checks at once that every rank computed
+  // the same buckets (a collective: all ranks construct their reducers
+  // together); throws InvalidArgument on every rank if not.
+  Reducer(comm::Communicator& comm, std::span<float> grads, std::span<const std::size_t> tensor_numels,
+          const ReducerOptions& options = {});
+  // Joins the communication thread. Destroyed in the middle of a step (an
+  // error unwinding), it aborts the group so that no rank waits forever.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  const std::vector<Bucket>& buckets() const;
+
+  void begin_step(std::int64_t local_count, std::int64_t global_count);
+  void mark_ready(std::size_t tensor);
+  // Rethrows the communication thread's error, if any (the group is then aborted).
+  const StepTiming& finish_step();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep::ddp

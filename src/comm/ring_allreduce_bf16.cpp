@@ -1,0 +1,114 @@
+// Ring all-reduce with bfloat16 on the wire: the ring of ring_allreduce.cpp
+// (rank r -> r+1 mod N, the buffer cut into N chunks), with every chunk sent
+// as bf16. Sum and Mean only.
+//
+//   Reduce-scatter, rounds s = 0..N-2:
+//     send bf16 chunk (r-s) mod N to r+1 (at s = 0 our own contribution,
+//     later the partial sum rounded in the previous round); recv bf16 chunk
+//     (r-s-1) mod N from r-1 into scratch; add our contribution to it in
+//     float (scratch), then round to bf16 once, into our copy, to send it on.
+//     In round N-2 the sum is complete: rank r holds chunk (r+1) mod N, scales
+//     it by 1/N in float for Mean, and rounds it to bf16 once.
+//   All-gather, rounds s = 0..N-2:
+//     send bf16 chunk (r+1-s) mod N to r+1; recv bf16 chunk (r-s) mod N from
+//     r-1 straight into place. Every rank ends with the same bytes, because
+//     each reduced chunk was rounded once, by one rank, and then copied.
+//
+// Rounds: 2(N-1). Bytes sent per rank: 2(N-1) chunks of count/N bf16 values
+// = 2(N-1)/N x 2 bytes per element, half the float ring's 2(N-1)/N x 4.
+// Latency term: 2(N-1) message latencies. Memory: scratch of one chunk as
+// float (the partial sum) plus one as bf16 (the received chunk).
+//
+// Note [bf16 all-reduce error bound]
+// The chunk that starts at rank c sums x_1..x_N (bf16 values, in ring order
+// from c): p_1 = x_1, p_k = bf16(p_{k-1} + x_k) for k = 2..N, so there are
+// N-1 roundings to bf16, the last one the result's. A rounding to bf16 has
+// relative error at most u = 2^-8 (8 significant bits; the float addition
+// before it adds 2^-24, and Mean's scaling by fl(1/N) two more). Recursive
+// summation then gives (Higham, Accuracy and Stability, 4.2)
+//   |result - sum x_i| <= gamma_{N-1} sum |x_i|,  gamma_k = k u' / (1 - k u'),
+// u' = u + O(2^-23); and gamma_{N-1} <= N 2^-8 while N(N-1) u' <= 1, i.e.
+// for N <= 16. Mean divides both sides by N. Results in bf16's subnormal
+// range add at most half a subnormal step (2^-134) per rounding.
+// The error is relative to sum |x_i|, not |sum x_i|: with cancellation the
+// relative error of the result is unbounded, as for any low-precision sum.
+#include <string>
+
+#include "algorithms.h"
+#include "fingerprint.h"
+#include "lockstep/comm/bf16.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+// acc[i] = from_bf16(wire[i]) + from_bf16(own[i]), in float.
+void add_in_float(std::span<const std::uint16_t> wire, std::span<const std::uint16_t> own,
+                  std::span<float> acc) {
+  from_bf16(wire, acc);
+  const std::uint16_t* __restrict b = own.data();
+  float* __restrict a = acc.data();
+  const std::size_t n = acc.size();
+  for (std::size_t i = 0; i < n; ++i) a[i] += from_bf16(b[i]);
+}
+
+void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op, std::uint64_t seq) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  const int right = (r + 1) % n;
+  const int left = (r - 1 + n) % n;
+  const std::size_t count = data.size();
+  auto chunk = [&](int i) {
+    i = ((i % n) + n) % n;
+    const std::size_t b = detail::chunk_begin(count, n, i);
+    return data.subspan(b, detail::chunk_begin(count, n, i + 1) - b);
+  };
+  // Scratch: the float partial sum, then the received bf16 chunk (the float
+  // part first keeps both aligned).
+  const std::size_t max_chunk = (count + n - 1) / n;
+  auto scratch = comm.scratch(max_chunk * (sizeof(float) + sizeof(std::uint16_t)));
+  auto* acc_base = reinterpret_cast<float*>(scratch.data());
+  auto* wire_base = reinterpret_cast<std::uint16_t*>(scratch.data() + max_chunk * sizeof(float));
+
+  std::uint32_t round = 0;
+  for (int s = 0; s < n - 1; ++s, ++round) {
+    auto out = chunk(r - s);
+    auto in = chunk(r - s - 1);
+    std::span<std::uint16_t> wire(wire_base, in.size());
+    std::span<float> acc(acc_base, in.size());
+    auto recv_work = comm.irecv(left, detail::make_tag(seq, round), std::as_writable_bytes(wire));
+    auto send_work = comm.isend(right, detail::make_tag(seq, round), std::as_bytes(out));
+    recv_work->wait(comm.timeout());
+    add_in_float(wire, in, acc);
+    if (s == n - 2) detail::finish(acc, op, n);  // the chunk is complete: Mean's 1/N, in float
+    to_bf16(acc, in);                            // the one rounding of this partial sum
+    send_work->wait(comm.timeout());
+  }
+  for (int s = 0; s < n - 1; ++s, ++round) {
+    auto out = chunk(r + 1 - s);
+    auto in = chunk(r - s);
+    auto recv_work = comm.irecv(left, detail::make_tag(seq, round), std::as_writable_bytes(in));
+    auto send_work = comm.isend(right, detail::make_tag(seq, round), std::as_bytes(out));
+    recv_work->wait(comm.timeout());
+    send_work->wait(comm.timeout());
+  }
+}
+
+}  // namespace
+
+void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op) {
+  if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
+    detail::invalid_call(comm, std::string("allreduce_bf16: op ") + to_string(op) +
+                                   " is not supported; the choices are sum and mean");
+  }
+  Fingerprint fp =
+      detail::start_collective(comm, CollectiveKind::Allreduce, op, DataType::BFloat16, data.size());
+  if (comm.size() == 1) return;                                // Sum and Mean over one rank are the identity
+  fp.algorithm = static_cast<std::uint32_t>(Algorithm::Ring);  // ranks must agree on it too
+  detail::run_collective(comm, fp, [&] {
+    comm.check_fingerprint(fp);
+    ring_allreduce_bf16(comm, data, op, fp.sequence);
+  });
+}
+
+}  // namespace lockstep::comm

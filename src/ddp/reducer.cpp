@@ -1,0 +1,263 @@
+// The reducer's step, after PyTorch's c10d Reducer (behaviour, not code):
+//   - each bucket keeps a countdown of tensors not yet ready;
+//   - mark_ready(t) decrements t's bucket; at zero the bucket is ready;
+//   - one communication thread all-reduces ready buckets strictly in launch
+//     order 0, 1, 2, ... (every rank issues the same collectives in the same
+//     order, whatever order its own gradients became ready in);
+//   - finish_step() waits only for the buckets still in flight.
+// Bytes on the wire per step: the sum over buckets of one all-reduce each,
+// ~2P(N-1)/N with the ring, whatever the bucket sizes (bf16: half that).
+//
+// Note [Ragged weighting]: replica r's gradient is the mean over its own
+// local_r samples. Scaling it by N * local_r / global before the Mean
+// all-reduce makes the result sum_r local_r * g_r / global: the exact mean
+// over all samples, not a mean of means.
+//
+// Note [Error feedback]: with bf16 on the wire a replica sends q = bf16(g + e)
+// and keeps e = (g + e) - q for the next step, so what rounding took from one
+// step is given back in the next instead of being lost.
+#include "lockstep/ddp/reducer.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "lockstep/comm/bf16.h"
+#include "lockstep/error.h"
+
+namespace lockstep::ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::size_t mib_to_bytes(double mb, const char* what) {
+  if (!(mb >= 0) || mb > 1e6) {
+    throw InvalidArgument(std::string(what) + " must be between 0 and 1e6 MiB, got " + std::to_string(mb));
+  }
+  return static_cast<std::size_t>(mb * double(1 << 20));
+}
+
+// FNV-1a over the bucket layout: what every rank must agree on.
+std::uint64_t layout_hash(const std::vector<Bucket>& buckets) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(buckets.size());
+  for (const auto& b : buckets) {
+    mix(b.offset);
+    mix(b.numel);
+    for (auto t : b.tensors) mix(t);
+  }
+  return h;
+}
+
+// Note [Layout check]: every rank gathers every rank's layout hash (as four
+// 16-bit pieces, exact in float) and compares it with rank 0's. All ranks see
+// the same gathered values, so all of them throw, or none does.
+void check_same_layout(comm::Communicator& comm, const std::vector<Bucket>& buckets) {
+  const std::uint64_t h = layout_hash(buckets);
+  float mine[4];
+  for (int i = 0; i < 4; ++i) mine[i] = float((h >> (16 * i)) & 0xffff);
+  std::vector<float> all(4 * static_cast<std::size_t>(comm.size()));
+  comm::all_gather(comm, mine, all);
+  for (int r = 1; r < comm.size(); ++r) {
+    if (std::memcmp(&all[4 * r], &all[0], 4 * sizeof(float)) != 0) {
+      throw InvalidArgument("the gradient bucket layout of rank " + std::to_string(r) +
+                            " differs from rank 0's; every replica must build the same model with the same "
+                            "--bucket-mb and --first-bucket-mb");
+    }
+  }
+}
+
+}  // namespace
+
+struct Reducer::State {
+  comm::Communicator& comm;
+  std::span<float> grads;
+  ReducerOptions options;
+  std::vector<Bucket> buckets;
+  std::vector<std::size_t> bucket_of;  // tensor -> bucket
+
+  // Owner thread only.
+  std::vector<std::size_t> countdown;  // per bucket: tensors not yet ready
+  std::vector<char> announced;         // per tensor, this step
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  bool in_step = false;
+  bool stop = false;
+  std::vector<char> ready;  // per bucket
+  std::size_t next = 0;     // the bucket the communication thread does next
+  std::exception_ptr error;
+  float weight = 1;
+  StepTiming timing;
+
+  // Communication thread only (between begin_step and finish_step).
+  std::vector<float> residual;      // Note [Error feedback]
+  std::vector<std::uint16_t> wire;  // bf16 copy of one bucket
+  std::thread thread;
+
+  State(comm::Communicator& c, std::span<float> g) : comm(c), grads(g) {}
+
+  void reduce(const Bucket& b, float w) {
+    auto g = grads.subspan(b.offset, b.numel);
+    if (w != 1.0f)
+      for (float& v : g) v *= w;
+    if (options.compression == Compression::None) {
+      comm::allreduce(comm, g, {.op = comm::ReduceOp::Mean, .algorithm = options.algorithm});
+      return;
+    }
+    auto e = std::span<float>(residual).subspan(b.offset, b.numel);
+    auto q = std::span<std::uint16_t>(wire).first(b.numel);
+    for (std::size_t i = 0; i < b.numel; ++i) {
+      const float v = g[i] + e[i];
+      q[i] = comm::to_bf16(v);
+      e[i] = v - comm::from_bf16(q[i]);
+    }
+    comm::allreduce_bf16(comm, q, comm::ReduceOp::Mean);
+    comm::from_bf16(q, g);
+  }
+
+  void run() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || (in_step && next < buckets.size() && ready[next]); });
+      if (stop) return;
+      const std::size_t k = next;
+      const float w = weight;
+      lock.unlock();
+      const auto start = Clock::now();
+      const auto sent = comm.stats().bytes_sent;
+      std::exception_ptr failed;
+      try {
+        reduce(buckets[k], w);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      const auto end = Clock::now();
+      const auto bytes = comm.stats().bytes_sent - sent;
+      lock.lock();
+      timing.buckets[k].start = start;
+      timing.buckets[k].end = end;
+      timing.buckets[k].bytes_sent = bytes;
+      if (failed) {
+        error = failed;
+        next = buckets.size();  // give up the step; finish_step rethrows
+      } else {
+        ++next;
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<const std::size_t> tensor_numels,
+                 const ReducerOptions& options)
+    : state_(std::make_unique<State>(comm, grads)) {
+  State& s = *state_;
+  s.options = options;
+  std::size_t total = 0;
+  for (auto n : tensor_numels) total += n;
+  if (total != grads.size()) {
+    throw InvalidArgument("the reducer's tensors hold " + std::to_string(total) +
+                          " floats but the gradient span " + std::to_string(grads.size()));
+  }
+  s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "--first-bucket-mb"),
+                             mib_to_bytes(options.bucket_mb, "--bucket-mb"));
+  s.bucket_of.resize(tensor_numels.size());
+  std::size_t widest = 0;
+  for (std::size_t k = 0; k < s.buckets.size(); ++k) {
+    for (auto t : s.buckets[k].tensors) s.bucket_of[t] = k;
+    widest = std::max(widest, s.buckets[k].numel);
+  }
+  if (options.compression == Compression::Bf16) {
+    s.residual.assign(grads.size(), 0.0f);
+    s.wire.resize(widest);
+  }
+  check_same_layout(comm, s.buckets);
+  s.countdown.resize(s.buckets.size());
+  s.announced.resize(tensor_numels.size());
+  s.ready.resize(s.buckets.size());
+  s.timing.buckets.resize(s.buckets.size());
+  s.thread = std::thread([&s] { s.run(); });
+}
+
+Reducer::~Reducer() {
+  State& s = *state_;
+  {
+    std::lock_guard lock(s.mu);
+    // Mid-step: the other ranks may be waiting in this step's collectives.
+    if (s.in_step && s.next < s.buckets.size() && !s.comm.aborted()) {
+      s.comm.abort("rank " + std::to_string(s.comm.rank()) + " left a step with gradient buckets in flight");
+    }
+    s.stop = true;
+  }
+  s.cv.notify_all();
+  s.thread.join();
+}
+
+const std::vector<Bucket>& Reducer::buckets() const {
+  return state_->buckets;
+}
+
+void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
+  State& s = *state_;
+  LOCKSTEP_CHECK(global_count > 0 && local_count >= 0 && local_count <= global_count,
+                 "sample counts out of range");
+  LOCKSTEP_CHECK(!s.in_step, "begin_step() inside a step");
+  const std::int64_t n = s.comm.size();
+  for (std::size_t k = 0; k < s.buckets.size(); ++k) s.countdown[k] = s.buckets[k].tensors.size();
+  std::fill(s.announced.begin(), s.announced.end(), 0);
+  std::lock_guard lock(s.mu);
+  s.weight = local_count * n == global_count
+                 ? 1.0f
+                 : static_cast<float>(static_cast<double>(n * local_count) / double(global_count));
+  std::fill(s.ready.begin(), s.ready.end(), 0);
+  s.next = 0;
+  s.error = nullptr;
+  s.in_step = true;
+}
+
+void Reducer::mark_ready(std::size_t tensor) {
+  State& s = *state_;
+  LOCKSTEP_CHECK(s.in_step, "mark_ready() outside a step");
+  LOCKSTEP_CHECK(tensor < s.announced.size(), "mark_ready(): no such tensor");
+  LOCKSTEP_CHECK(!s.announced[tensor], "mark_ready(): tensor " + std::to_string(tensor) + " announced twice");
+  s.announced[tensor] = 1;
+  const std::size_t k = s.bucket_of[tensor];
+  if (--s.countdown[k] > 0) return;
+  {
+    std::lock_guard lock(s.mu);
+    s.ready[k] = 1;
+    s.timing.buckets[k].ready = Clock::now();
+  }
+  s.cv.notify_all();
+}
+
+const StepTiming& Reducer::finish_step() {
+  State& s = *state_;
+  LOCKSTEP_CHECK(s.in_step, "finish_step() outside a step");
+  for (std::size_t t = 0; t < s.announced.size(); ++t) {
+    LOCKSTEP_CHECK(s.announced[t], "finish_step(): tensor " + std::to_string(t) + " was never marked ready");
+  }
+  std::unique_lock lock(s.mu);
+  s.timing.wait_start = Clock::now();
+  // The collectives have their own timeouts; this bound only catches a bug.
+  const auto guard = s.comm.timeout() * static_cast<int>(2 + s.buckets.size());
+  if (!s.cv.wait_for(lock, guard, [&] { return s.next == s.buckets.size(); })) {
+    const std::string msg = "rank " + std::to_string(s.comm.rank()) +
+                            ": gradient buckets did not finish within " + std::to_string(guard.count()) +
+                            " ms";
+    s.comm.abort(msg);
+    throw TimeoutError(msg);
+  }
+  s.timing.wait_end = Clock::now();
+  s.in_step = false;
+  if (s.error) std::rethrow_exception(s.error);
+  return s.timing;
+}
+
+}  // namespace lockstep::ddp
