@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -58,9 +59,9 @@ void make_blobs(std::uint64_t seed, int n_train, int n_test, Data& train, Data& 
 // All parameters live in one contiguous vector, tensors in forward order [W1, b1, W2, b2];
 // the gradients live in a second vector with the same layout. The reducer sees only the
 // gradient vector and these sizes.
-const std::vector<std::size_t> kTensorNumels = {kHidden * kIn, kHidden, kClasses* kHidden, kClasses};
 constexpr std::size_t kW1 = 0, kB1 = kW1 + kHidden * kIn, kW2 = kB1 + kHidden, kB2 = kW2 + kClasses * kHidden,
                       kNumParams = kB2 + kClasses;
+const std::vector<std::size_t> kTensorNumels = {kB1 - kW1, kW2 - kB1, kB2 - kW2, kNumParams - kB2};
 
 // Forward for one sample, x: (kIn) -> h: (kHidden), p: (kClasses) softmax probabilities.
 void forward(const float* w, const float* x, float* h, float* p) {
@@ -106,10 +107,14 @@ void train_replica(comm::Communicator& c, const Data& train, const Data& test, i
   std::vector<float> grad(kNumParams);
   ddp::Reducer reducer(c, grad, kTensorNumels,
                        {.first_bucket_mb = 512.0 / (1 << 20), .bucket_mb = 128.0 / (1 << 20)});
-  if (rank == 0)
-    std::printf(
-        "%s\n",
-        ddp::describe_buckets(reducer.buckets(), std::vector<std::string>{"W1", "b1", "W2", "b2"}).c_str());
+  // Buckets are launched in order 0, 1, 2, each holding a contiguous range of `grad`.
+  const char* names[] = {"W1", "b1", "W2", "b2"};
+  for (std::size_t k = 0; rank == 0 && k < reducer.buckets().size(); ++k) {
+    const ddp::Bucket& bucket = reducer.buckets()[k];
+    std::printf("bucket %zu: %4zu bytes, tensors", k, bucket.bytes());
+    for (std::size_t t : bucket.tensors) std::printf(" %s", names[t]);
+    std::printf("\n");
+  }
 
   std::vector<std::int64_t> order;
   std::vector<float> h(kMicroBatch * kHidden), dlogits(kMicroBatch * kClasses);
@@ -228,33 +233,36 @@ int main(int argc, char** argv) {
         }
       });
     for (auto& t : threads) t.join();
-    for (auto& e : errors)  // the first failure is the cause; the others are CommAborted
-      if (e) std::rethrow_exception(e);
+    // Report the cause: a replica's own error, not the CommAborted its abort gave the others.
+    std::exception_ptr cause;
+    for (auto& e : errors) {
+      try {
+        if (e) std::rethrow_exception(e);
+      } catch (const lockstep::CommAborted&) {
+        if (!cause) cause = e;
+      } catch (...) {
+        cause = e;
+        break;
+      }
+    }
+    if (cause) std::rethrow_exception(cause);
 
     // The invariants data-parallel training promises, checked outside the library.
     const Result& r0 = results[0];
     std::printf("held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
     bool ok = true;
+    auto check = [&ok](bool cond, const std::string& what) {
+      if (!cond) std::fprintf(stderr, "custom_loop: check failed: %s\n", what.c_str());
+      ok = ok && cond;
+    };
     for (int r = 1; r < replicas; ++r)
-      if (std::memcmp(weights[r].data(), weights[0].data(), kNumParams * sizeof(float)) != 0) {
-        std::fprintf(stderr, "custom_loop: check failed: replica %d's weights differ from replica 0's\n", r);
-        ok = false;
-      }
-    if (!(r0.last_loss < r0.first_loss)) {
-      std::fprintf(stderr, "custom_loop: check failed: loss went from %.4f to %.4f\n", r0.first_loss,
-                   r0.last_loss);
-      ok = false;
-    }
-    if (!(r0.accuracy > 0.9f)) {
-      std::fprintf(stderr, "custom_loop: check failed: held-out accuracy %.3f <= 0.9\n", r0.accuracy);
-      ok = false;
-    }
+      check(std::memcmp(weights[r].data(), weights[0].data(), kNumParams * sizeof(float)) == 0,
+            "replica " + std::to_string(r) + "'s weights differ from replica 0's");
+    check(r0.last_loss < r0.first_loss, "the loss did not decrease");
+    check(r0.accuracy > 0.9f, "held-out accuracy is not above 90%");
     if (ok) std::printf("ok: replicas bitwise identical, loss %.4f -> %.4f\n", r0.first_loss, r0.last_loss);
     return ok ? 0 : 1;
-  } catch (const lockstep::Error& e) {
-    std::fprintf(stderr, "custom_loop: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // lockstep::Error and its kin (and bad_alloc): one line, exit 1
     std::fprintf(stderr, "custom_loop: error: %s\n", e.what());
     return 1;
   }

@@ -56,7 +56,8 @@ void Model::reserve(std::int64_t batch) {
   for (auto& d : dbuf_) d.resize(static_cast<std::size_t>(batch * widest));
 }
 
-std::span<const float> Model::forward(std::span<const float> x, std::int64_t batch) {
+std::span<const float> Model::forward(std::span<const float> x, std::int64_t batch,
+                                     const std::function<void(std::size_t layer)>& layer_done) {
   LOCKSTEP_CHECK(x.size() == static_cast<std::size_t>(batch * in_features()),
                  "forward input has the wrong size");
   reserve(std::max<std::int64_t>(batch, 1));
@@ -64,6 +65,7 @@ std::span<const float> Model::forward(std::span<const float> x, std::int64_t bat
   const float* in = input_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->forward(in, acts_[i].data(), batch);
+    if (layer_done) layer_done(i);
     in = acts_[i].data();
   }
   return {acts_.back().data(), static_cast<std::size_t>(batch * out_features())};

@@ -155,14 +155,20 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
       const bool last = k == c.accumulate - 1;
       auto t = Clock::now();
-      auto logits = model->forward(std::span<const float>(&x[lo * features], m * features), m);
+      auto logits = model->forward(std::span<const float>(&x[lo * features], m * features), m,
+                                   [&](std::size_t layer) {
+                                     const auto done = Clock::now();
+                                     recorder.add(Track::Compute, Phase::Forward, step,
+                                                  "forward " + layer_names[layer], t, done);
+                                     t = done;
+                                   });
       const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
       auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(),
                                             b > 0 ? 1.0f / float(b) : 0.0f);
       std::fill(dlogits.begin() + real * classes, dlogits.begin() + m * classes, 0.0f);
       loss_sum += loss.loss_sum;
       auto now = Clock::now();
-      recorder.add(Track::Compute, Phase::Forward, step, "forward", t, now);
+      recorder.add(Track::Compute, Phase::Forward, step, "loss", t, now);
       t = now;
       // Adds into the gradients the previous optimizer step left at zero.
       model->backward(std::span<const float>(dlogits.data(), m * classes), m, /*accumulate=*/true,
@@ -171,7 +177,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
                                      t, done);
                         t = done;
-                        if (!last) return;
+                                          if (!last) return;
                         const auto range = model->layer_tensors(layer);
                         for (std::size_t i = range.end; i-- > range.first;) reducer.mark_ready(i);
                       });

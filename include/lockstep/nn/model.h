@@ -40,7 +40,9 @@ class Model {
   // x: (B, in) -> logits: (B, out). The span stays valid until the next call.
   // Keeps the activations that backward() needs; `x` itself must stay valid
   // until backward() returns.
-  std::span<const float> forward(std::span<const float> x, std::int64_t batch);
+  // `layer_done(i)`, if given, is called after each layer.
+  std::span<const float> forward(std::span<const float> x, std::int64_t batch,
+                                 const std::function<void(std::size_t layer)>& layer_done = {});
   // dlogits: (B, out). Writes (or, with accumulate, adds to) grads().
   // Must follow forward() with the same batch. The input gets no gradient.
   // `layer_done(i)`, if given, is called as soon as layer i's parameter
