@@ -151,6 +151,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
 
     reducer.begin_step(b, shard.global_count);
     double loss_sum = 0;
+    auto t_backward_end = t_step;  // the last layer's backward, before its gradients are announced
     for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
       const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
       const bool last = k == c.accumulate - 1;
@@ -182,7 +183,6 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         for (std::size_t i = range.end; i-- > range.first;) reducer.mark_ready(i);
                       });
     }
-    const auto t_backward_end = Clock::now();
     const auto& timing = reducer.finish_step();
     const auto t_wait_end = Clock::now();
     if (t_wait_end > t_backward_end) {

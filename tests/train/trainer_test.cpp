@@ -135,7 +135,7 @@ TEST(Traffic, GradientBytesPerStepDoNotDependOnTheMicroBatch) {
   // memory): what its writes and its peers' reads amount to.
   for (auto algorithm : {comm::Algorithm::Ring, comm::Algorithm::Auto}) {
     std::vector<std::uint64_t> per_step;
-    for (std::int64_t micro : {8, 16, 32, 64}) {
+    for (std::int64_t micro : {8, 16, 32, 64, 128}) {
       auto c = small_config(8, micro);
       c.steps = 5;
       c.algorithm = algorithm;

@@ -1,0 +1,203 @@
+// The reducer in the trainer: accumulation, ragged policies, overlap on a
+// modelled link, the timeline and the per-step metrics.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "lockstep/train/trainer.h"
+#include "synthetic_data.h"
+
+namespace lockstep::train {
+namespace {
+
+using testing::synthetic_data;
+
+TrainConfig config(int replicas, std::int64_t micro_batch) {
+  TrainConfig c;
+  c.replicas = replicas;
+  c.micro_batch = micro_batch;
+  c.hidden = {64, 32};
+  c.steps = 10;
+  c.evaluate = false;
+  c.timeout = std::chrono::seconds(20);
+  return c;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+// K micro-steps of 16 accumulate the gradient of the same 64 samples that one
+// micro-step of 64 sees: the same update up to float reassociation
+// (tolerance as in trainer_test: 2e-6 on weights of O(0.1) after 10 steps).
+TEST(Accumulate, FourMicroStepsOfSixteenEqualOneStepOfSixtyFour) {
+  const auto data = synthetic_data(4096);
+  auto one = config(4, 64);
+  auto four = config(4, 16);
+  four.accumulate = 4;
+  const auto a = train(one, data);
+  const auto b = train(four, data);
+  EXPECT_EQ(b.global_batch, 4 * 16 * 4);
+  EXPECT_EQ(a.global_batch, b.global_batch);
+  EXPECT_LT(max_abs_diff(a.params, b.params), 2e-6f);
+  EXPECT_NEAR(a.final_loss, b.final_loss, 1e-4);
+  // One all-reduce per optimizer step, not per micro-step.
+  EXPECT_EQ(a.traffic[0].gradients, b.traffic[0].gradients);
+}
+
+// 1003 samples at 8 x 32: each epoch ends with a batch of 235 (29/30 per replica).
+TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
+  const auto data = synthetic_data(1003);
+  std::map<Ragged, TrainResult> runs;
+  for (auto policy : {Ragged::Weighted, Ragged::Pad, Ragged::Drop}) {
+    auto c = config(8, 32);
+    c.steps = 0;
+    c.epochs = 2;
+    c.ragged = policy;
+    runs[policy] = train(c, data);
+  }
+  auto whole = config(1, 256);
+  whole.steps = 0;
+  whole.epochs = 2;
+  const auto reference = train(whole, data);
+  EXPECT_EQ(runs[Ragged::Weighted].steps, 8);
+  EXPECT_EQ(runs[Ragged::Pad].steps, 8);
+  EXPECT_EQ(runs[Ragged::Drop].steps, 6);  // floor(1003 / 256) per epoch
+  EXPECT_LT(max_abs_diff(runs[Ragged::Weighted].params, reference.params), 2e-6f);
+  EXPECT_LT(max_abs_diff(runs[Ragged::Pad].params, reference.params), 2e-6f);
+  EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f) << "drop must not see those samples";
+}
+
+// Events of one replica in one step.
+std::vector<const TimelineEvent*> events_of(const TrainResult& r, int replica, std::int64_t step) {
+  std::vector<const TimelineEvent*> out;
+  for (const auto& e : r.timeline)
+    if (e.replica == replica && e.step == step) out.push_back(&e);
+  return out;
+}
+
+// Whether some bucket's all-reduce on `replica` started before its backward ended, per step.
+std::vector<bool> overlapped_steps(const TrainResult& r, int replica) {
+  std::vector<bool> out;
+  for (std::int64_t s = 0; s < r.steps; ++s) {
+    double backward_end = 0, first_comm = 1e300;
+    for (const auto* e : events_of(r, replica, s)) {
+      if (e->phase == Phase::Backward) backward_end = std::max(backward_end, e->end_us);
+      if (e->phase == Phase::Allreduce) first_comm = std::min(first_comm, e->start_us);
+    }
+    out.push_back(first_comm < backward_end);
+  }
+  return out;
+}
+
+// The card: the all-reduce of the last layers' bucket runs while backward
+// still works on the first layers. On a slow modelled link, the first
+// bucket (the last layer) starts before the first layer's backward ends;
+// with one bucket it never can.
+TEST(Overlap, ABucketsAllreduceStartsBeforeBackwardEnds) {
+  const auto data = synthetic_data(2048, /*features=*/784);
+  auto c = config(2, 64);
+  c.hidden = {256, 256};
+  c.steps = 6;
+  c.link = {.bytes_per_second = 125e6, .latency = std::chrono::microseconds(50)};  // 1 Gbit/s
+  c.first_bucket_mb = 0.01;  // the last Linear (10 KB) alone
+  c.bucket_mb = 0.2;
+  c.record_timeline = true;
+  const auto bucketed = train(c, data);
+  ASSERT_GE(bucketed.buckets.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    const auto steps = overlapped_steps(bucketed, r);
+    EXPECT_GE(std::count(steps.begin(), steps.end(), true), 1) << "replica " << r << " never overlapped";
+  }
+  c.bucket_mb = 0;
+  const auto single = train(c, data);
+  ASSERT_EQ(single.buckets.size(), 1u);
+  for (int r = 0; r < 2; ++r) {
+    const auto steps = overlapped_steps(single, r);
+    EXPECT_EQ(std::count(steps.begin(), steps.end(), true), 0) << "one bucket cannot start before backward ends";
+  }
+  EXPECT_GT(single.times.exposed_comm_ms, 0.0);
+  EXPECT_EQ(single.times.overlap_fraction, 0.0);
+}
+
+TEST(Timeline, EveryReplicaRecordsEveryPhaseOfEveryStep) {
+  const auto data = synthetic_data(1024);
+  auto c = config(3, 16);
+  c.steps = 4;
+  c.first_bucket_mb = 0.001;
+  c.bucket_mb = 0.004;
+  c.record_timeline = true;
+  const auto r = train(c, data);
+  const std::size_t layers = 5;  // Linear ReLU Linear ReLU Linear
+  ASSERT_GE(r.buckets.size(), 2u);
+  for (int replica = 0; replica < 3; ++replica) {
+    for (std::int64_t s = 0; s < 4; ++s) {
+      std::map<Phase, std::size_t> count;
+      for (const auto* e : events_of(r, replica, s)) {
+        ++count[e->phase];
+        EXPECT_LE(e->start_us, e->end_us);
+        EXPECT_EQ(e->track == Track::Comm, e->phase == Phase::Allreduce);
+        if (e->phase == Phase::Allreduce) EXPECT_GT(e->bytes, 0u);
+      }
+      EXPECT_EQ(count[Phase::Forward], layers + 1) << "a forward event per layer, and the loss";
+      EXPECT_EQ(count[Phase::Backward], layers);
+      EXPECT_EQ(count[Phase::Allreduce], r.buckets.size());
+      EXPECT_EQ(count[Phase::Optimizer], 1u);
+    }
+  }
+  // Without asking, nothing is kept.
+  c.record_timeline = false;
+  EXPECT_TRUE(train(c, data).timeline.empty());
+}
+
+TEST(Metrics, StepTimesAreConsistent) {
+  const auto data = synthetic_data(1024);
+  const auto r = train(config(4, 16), data);
+  EXPECT_GT(r.times.step_ms, 0.0);
+  EXPECT_GT(r.times.compute_ms, 0.0);
+  EXPECT_GT(r.times.comm_ms, 0.0);
+  EXPECT_GE(r.times.exposed_comm_ms, 0.0);
+  EXPECT_LE(r.times.exposed_comm_ms, r.times.step_ms);
+  EXPECT_GE(r.times.overlap_fraction, 0.0);
+  EXPECT_LE(r.times.overlap_fraction, 1.0);
+}
+
+// bf16 on the wire: half the gradient bytes of the float ring, and training
+// still follows the exact path closely.
+TEST(Compression, Bf16HalvesGradientBytesAndStillTrains) {
+  const auto data = synthetic_data(2048);
+  auto exact = config(4, 32);
+  exact.algorithm = comm::Algorithm::Ring;
+  auto bf16 = exact;
+  bf16.compression = ddp::Compression::Bf16;
+  const auto a = train(exact, data);
+  const auto b = train(bf16, data);
+  EXPECT_EQ(2 * b.traffic[0].gradients, a.traffic[0].gradients);
+  EXPECT_NEAR(a.final_loss, b.final_loss, 0.02 * a.final_loss);
+  EXPECT_GT(max_abs_diff(a.params, b.params), 0.0f) << "the compressed path must differ somewhere";
+  EXPECT_LT(max_abs_diff(a.params, b.params), 5e-3f);
+}
+
+TEST(Config, NewFlagsAreValidated) {
+  const auto data = synthetic_data(1024);
+  auto c = config(2, 16);
+  c.accumulate = 0;
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  c = config(2, 16);
+  c.bucket_mb = -1;
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  c = config(2, 16);
+  c.link.latency = std::chrono::microseconds(10);
+  c.algorithm = comm::Algorithm::SharedMemory;
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  EXPECT_THROW(ragged_from_string("mean"), InvalidArgument);
+  EXPECT_EQ(ragged_from_string("pad"), Ragged::Pad);
+}
+
+}  // namespace
+}  // namespace lockstep::train
