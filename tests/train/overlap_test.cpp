@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
 
