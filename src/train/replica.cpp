@@ -177,8 +177,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         const auto done = Clock::now();
                         recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
                                      t, done);
-                        t = done;
-                                          if (!last) return;
+                        t = t_backward_end = done;
+                        if (!last) return;
                         const auto range = model->layer_tensors(layer);
                         for (std::size_t i = range.end; i-- > range.first;) reducer.mark_ready(i);
                       });
