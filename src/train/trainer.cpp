@@ -1,9 +1,6 @@
 #include "lockstep/train/trainer.h"
 
-#include <sys/resource.h>
-
 #include <cmath>
-#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -113,7 +110,6 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
     for (int r = 0; r < c.replicas; ++r) {
       threads.emplace_back([&, r] {
         try {
-          if (const char* n = getenv("LS_COMPUTE_NICE")) setpriority(PRIO_PROCESS, 0, atoi(n));
           outputs[r] = detail::run_replica(shared, *comms[r]);
         } catch (const std::exception& e) {
           errors[r] = std::current_exception();
