@@ -3,8 +3,9 @@
 // The state is one 64-bit word, generation << 32 | ranks arrived. Arrival is
 // one atomic increment; the last rank to arrive moves the word to
 // (generation + 1, 0) with a compare-exchange and wakes the sleepers. Waiters
-// first yield the core a few hundred times (cheap when ranks outnumber cores:
-// the yield runs a rank that still has work), then sleep on a futex word that
+// first yield the core while the other ranks keep arriving (cheap when ranks
+// outnumber cores: the yield runs a rank that still has work), then sleep on a
+// futex word that
 // every completion and every abort bumps, so neither can be missed between a
 // check and the sleep. A rank that gives up (abort, timeout) withdraws its
 // arrival with a compare-exchange on the same word: either the barrier had
@@ -58,9 +59,19 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
     return;
   }
   auto completed = [&] { return (barrier_state.load(std::memory_order_acquire) >> 32) != generation; };
-  for (int spin = 0; spin < 200; ++spin) {
+  // Note [Yield while they arrive]: yielding pays when the others are about
+  // to arrive (every replica reaching the same all-reduce at the end of its
+  // step). When they are still computing (a reducer's bucket launched in the
+  // middle of backward), each yield only steals a slice from their compute,
+  // so stop after kPatience yields without a new arrival and sleep instead.
+  constexpr int kMaxYields = 200, kPatience = 8;
+  std::uint64_t seen = state;
+  for (int spin = 0, idle = 0; spin < kMaxYields && idle < kPatience; ++spin) {
     if (completed()) return;
     sched_yield();
+    const std::uint64_t now = barrier_state.load(std::memory_order_acquire);
+    idle = now == seen ? idle + 1 : 0;
+    seen = now;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
