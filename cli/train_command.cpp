@@ -25,6 +25,7 @@ struct TrainFlags {
   std::string ragged = "weighted";
   std::string algorithm = "auto";
   std::string compress = "none";
+  std::string overlap = "auto";
   std::string link_bandwidth, link_latency;
   std::string trace_file, svg_file;
   std::int64_t svg_step = -1;
@@ -97,6 +98,9 @@ int run_train(TrainFlags& f) {
   c.ragged = train::ragged_from_string(f.ragged);
   c.algorithm = comm::algorithm_from_string(f.algorithm);
   c.compression = f.compress == "bf16" ? ddp::Compression::Bf16 : ddp::Compression::None;
+  c.overlap = f.overlap == "on"    ? train::Overlap::On
+              : f.overlap == "off" ? train::Overlap::Off
+                                   : train::Overlap::Auto;
   if (!f.link_bandwidth.empty()) c.link.bytes_per_second = comm::parse_bandwidth(f.link_bandwidth);
   if (!f.link_latency.empty()) c.link.latency = comm::parse_latency(f.link_latency);
   c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty();
@@ -215,6 +219,10 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--first-bucket-mb", c.first_bucket_mb,
                   "Size in MiB of the first bucket (the last layers' gradients, ready first)")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--overlap", flags->overlap,
+                  "All-reduce each bucket on a communication thread during backward (on), after backward "
+                  "(off), or on only when the transport is not the cores themselves (auto: with a link)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--compress", flags->compress,
                   "All-reduce gradients in bf16 (half the bytes, error feedback)")
       ->check(CLI::IsMember({"none", "bf16"}));

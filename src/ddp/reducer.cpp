@@ -182,7 +182,7 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
   s.announced.resize(tensor_numels.size());
   s.ready.resize(s.buckets.size());
   s.timing.buckets.resize(s.buckets.size());
-  s.thread = std::thread([&s] { s.run(); });
+  if (options.overlap) s.thread = std::thread([&s] { s.run(); });
 }
 
 Reducer::~Reducer() {
@@ -196,7 +196,7 @@ Reducer::~Reducer() {
     s.stop = true;
   }
   s.cv.notify_all();
-  s.thread.join();
+  if (s.thread.joinable()) s.thread.join();
 }
 
 const std::vector<Bucket>& Reducer::buckets() const {
@@ -234,7 +234,7 @@ void Reducer::mark_ready(std::size_t tensor) {
     s.ready[k] = 1;
     s.timing.buckets[k].ready = Clock::now();
   }
-  s.cv.notify_all();
+  if (s.options.overlap) s.cv.notify_all();
 }
 
 const StepTiming& Reducer::finish_step() {
@@ -242,6 +242,22 @@ const StepTiming& Reducer::finish_step() {
   LOCKSTEP_CHECK(s.in_step, "finish_step() outside a step");
   for (std::size_t t = 0; t < s.announced.size(); ++t) {
     LOCKSTEP_CHECK(s.announced[t], "finish_step(): tensor " + std::to_string(t) + " was never marked ready");
+  }
+  if (!s.options.overlap) {  // every bucket, in order, here and now
+    s.timing.wait_start = Clock::now();
+    for (std::size_t k = 0; k < s.buckets.size(); ++k) {
+      auto& t = s.timing.buckets[k];
+      const auto sent = s.comm.stats().bytes_sent;
+      t.start = Clock::now();
+      s.next = k;
+      s.reduce(s.buckets[k], s.weight);
+      t.end = Clock::now();
+      t.bytes_sent = s.comm.stats().bytes_sent - sent;
+    }
+    s.next = s.buckets.size();
+    s.in_step = false;
+    s.timing.wait_end = Clock::now();
+    return s.timing;
   }
   std::unique_lock lock(s.mu);
   s.timing.wait_start = Clock::now();

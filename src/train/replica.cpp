@@ -103,9 +103,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                        {.first_bucket_mb = c.first_bucket_mb,
                         .bucket_mb = c.bucket_mb,
                         .algorithm = c.algorithm,
-                        .compression = c.compression});
+                        .compression = c.compression,
+                        .overlap = c.overlap == Overlap::On ||
+                                   (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr)});
   out.traffic.setup = comm.stats().bytes_sent - before_setup;  // the bucket layout check
   out.buckets = reducer.buckets();
+  out.overlapped =
+      c.overlap == Overlap::On || (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr);
   std::vector<std::string> layer_names;
   for (std::size_t i = 0; i < model->layer_count(); ++i) layer_names.push_back(model->layer(i).describe());
   Recorder recorder(c.record_timeline, rank, s.t0);
@@ -156,13 +160,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
       const bool last = k == c.accumulate - 1;
       auto t = Clock::now();
-      auto logits = model->forward(std::span<const float>(&x[lo * features], m * features), m,
-                                   [&](std::size_t layer) {
-                                     const auto done = Clock::now();
-                                     recorder.add(Track::Compute, Phase::Forward, step,
-                                                  "forward " + layer_names[layer], t, done);
-                                     t = done;
-                                   });
+      auto logits =
+          model->forward(std::span<const float>(&x[lo * features], m * features), m, [&](std::size_t layer) {
+            const auto done = Clock::now();
+            recorder.add(Track::Compute, Phase::Forward, step, "forward " + layer_names[layer], t, done);
+            t = done;
+          });
       const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
       auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(),
                                             b > 0 ? 1.0f / float(b) : 0.0f);

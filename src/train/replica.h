@@ -30,6 +30,7 @@ struct ReplicaOutput {
   std::int64_t epochs_run = 0;
   std::vector<float> params;  // filled on rank 0 only
   std::vector<ddp::Bucket> buckets;
+  bool overlapped = false;
   std::vector<StepSample> steps;
   std::vector<TimelineEvent> events;  // if config.record_timeline
 };

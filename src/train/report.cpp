@@ -114,6 +114,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"first_bucket_mb", c.first_bucket_mb},
                  {"bucket_mb", c.bucket_mb},
                  {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
+                 {"overlap", r.overlapped},
                  {"link_bytes_per_second", c.link.bytes_per_second},
                  {"link_latency_us", double(c.link.latency.count()) / 1000.0}};
   j["timing"] = {{"step_ms", r.times.step_ms},

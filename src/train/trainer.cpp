@@ -172,6 +172,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   }
   res.times = detail::median_times(samples);
   res.buckets = o.buckets;
+  res.overlapped = o.overlapped;
   res.model_description = probe->describe();
   res.layout = probe->layout();
   res.params = o.params;

@@ -161,6 +161,15 @@ TEST(Reducer, MatchesOneAllreduceAfterBackward) {
   }
 }
 
+TEST(Reducer, WithoutOverlapTheSameBucketsGiveTheSameBits) {
+  const std::vector<std::int64_t> counts = {16, 16, 16, 5};
+  ReducerOptions o{.first_bucket_mb = 0.001, .bucket_mb = 0.01, .algorithm = comm::Algorithm::Ring};
+  const auto with = reduce_with(4, counts, o, ReadyOrder::Backward);
+  o.overlap = false;
+  const auto without = reduce_with(4, counts, o, ReadyOrder::Shuffled);
+  for (int r = 0; r < 4; ++r) expect_bitwise_equal(with[r], without[r], "rank " + std::to_string(r));
+}
+
 TEST(Reducer, RaggedShardsAreWeightedBySampleCount) {
   // The card's case: seven replicas with 32 samples and one with 11.
   const std::vector<std::int64_t> counts = {32, 32, 32, 32, 32, 32, 32, 11};

@@ -19,6 +19,7 @@
 // sibling: one all-reduce after backward).
 //
 // Threading: the owning thread calls every method. The communication thread
+// (options.overlap)
 // is the only user of the communicator between begin_step() and the return
 // of finish_step(); outside a step the owner may use it freely. A bucket's
 // memory belongs to the communication thread from its last mark_ready until
@@ -67,6 +68,12 @@ struct ReducerOptions {
   double bucket_mb = 25;       // MiB; 0 = a single bucket at the end of backward
   comm::Algorithm algorithm = comm::Algorithm::Auto;
   Compression compression = Compression::None;
+  // true: a communication thread all-reduces each bucket as soon as it is
+  // ready, overlapping backward. false: finish_step() all-reduces the
+  // buckets in order on the caller's thread (same results, same bytes; for
+  // transports whose "communication" is work on the same cores as compute,
+  // where a second thread only takes slices from backward).
+  bool overlap = true;
 };
 
 // When bucket k's all-reduce happened in the last step.

@@ -37,6 +37,13 @@ enum class Ragged {
   Pad,       // keep it; pad short shards to equal size and mask the padding out of the loss
 };
 const char* to_string(Ragged ragged);
+
+// Whether the reducer's communication thread overlaps the all-reduce with
+// backward. Auto: on when the communicator has no native all-reduce (a
+// network transport, or the modelled link), off for the in-process
+// shared-memory path, whose "communication" is memory work by the same cores
+// that compute (docs/results.md measures what a second thread costs there).
+enum class Overlap { Auto, On, Off };
 Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument naming the choices
 
 struct TrainConfig {
@@ -60,6 +67,7 @@ struct TrainConfig {
   double first_bucket_mb = 1;  // gradient buckets (ddp/reducer.h); bucket_mb 0 = one bucket
   double bucket_mb = 25;
   ddp::Compression compression = ddp::Compression::None;
+  Overlap overlap = Overlap::Auto;
   comm::LinkModel link;  // modelled interconnect between the replicas; default: none
   comm::Duration timeout{std::chrono::seconds(60)};
   bool evaluate = true;                              // test accuracy after every epoch
@@ -114,6 +122,7 @@ struct TrainResult {
   std::vector<TrafficBytes> traffic;                   // per replica
   StepTimes times;
   std::vector<ddp::Bucket> buckets;     // launch order
+  bool overlapped = false;              // whether the reducer ran a communication thread
   std::vector<TimelineEvent> timeline;  // every replica's, if config.record_timeline
   std::string model_description, optimizer_description;
   nn::Layout layout;
