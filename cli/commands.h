@@ -21,5 +21,6 @@ Action add_bench_train_command(CLI::App& bench);
 Action add_bench_allreduce_command(CLI::App& bench);
 Action add_bench_overlap_command(CLI::App& bench);
 Action add_demo_command(CLI::App& app);  // demo_ragged.cpp
+Action add_plan_command(CLI::App& app);  // plan_command.cpp
 
 }  // namespace lockstep::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   lockstep::cli::Action train = lockstep::cli::add_train_command(app);
   lockstep::cli::Action bench = lockstep::cli::add_bench_command(app);
   lockstep::cli::Action demo = lockstep::cli::add_demo_command(app);
+  lockstep::cli::Action plan = lockstep::cli::add_plan_command(app);
 
   try {
     app.parse(argc, argv);
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("train")) return train();
     if (app.got_subcommand("demo")) return demo();
+    if (app.got_subcommand("plan")) return plan();
     return bench();
   } catch (const lockstep::InvalidArgument& e) {
     std::cerr << "lockstep: error: " << e.what() << "\n";

@@ -40,7 +40,7 @@ class Linear final : public Layer {
     for (std::int64_t i = 0; i < out_; ++i) b_[i] = u();
   }
 
-  void forward(const float* x, float* y, std::int64_t batch) override {
+  void forward(const float* x, float* y, std::int64_t batch, const ForwardContext&) override {
     // x: (B, in) -> y: (B, out)
     for (std::int64_t r = 0; r < batch; ++r) {
       float* row = y + r * out_;

@@ -16,10 +16,13 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
                             ") does not accept the output of " + layers_[i - 1]->describe());
     }
   }
-  for (std::size_t i = 0; i < layers_.size(); ++i)
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
     for (auto& p : layers_[i]->params()) layout_.add(std::to_string(i) + "." + p.name, p.shape);
+    for (auto& b : layers_[i]->buffers()) buffer_layout_.add(std::to_string(i) + "." + b.name, b.shape);
+  }
   params_ = Arena(layout_.numel());
   grads_ = Arena(layout_.numel());
+  buffers_ = Arena(buffer_layout_.numel());
   std::size_t t = 0;
   for (auto& layer : layers_) {
     layer_tensors_.push_back({t, t + layer->params().size()});
@@ -29,6 +32,13 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
       g.push_back(grads_.view(layout_.tensors()[t]).data());
     }
     layer->bind(p, g);
+  }
+  std::size_t b = 0;
+  for (auto& layer : layers_) {
+    std::vector<float*> views;
+    for (std::size_t k = 0; k < layer->buffers().size(); ++k, ++b)
+      views.push_back(buffers_.view(buffer_layout_.tensors()[b]).data());
+    layer->bind_buffers(views);
   }
   acts_.resize(layers_.size());
 }
@@ -45,6 +55,11 @@ void Model::init(std::uint64_t seed) {
   for (auto& layer : layers_) layer->init(rng);
 }
 
+void Model::set_training(bool training) {
+  training_ = training;
+  for (auto& layer : layers_) layer->set_training(training);
+}
+
 void Model::reserve(std::int64_t batch) {
   if (batch <= capacity_) return;
   capacity_ = batch;
@@ -57,14 +72,17 @@ void Model::reserve(std::int64_t batch) {
 }
 
 std::span<const float> Model::forward(std::span<const float> x, std::int64_t batch,
-                                     const std::function<void(std::size_t layer)>& layer_done) {
+                                      const std::function<void(std::size_t layer)>& layer_done,
+                                      const ForwardContext& ctx) {
   LOCKSTEP_CHECK(x.size() == static_cast<std::size_t>(batch * in_features()),
                  "forward input has the wrong size");
+  LOCKSTEP_CHECK(ctx.sample_index.empty() || ctx.sample_index.size() == static_cast<std::size_t>(batch),
+                 "the forward context needs one sample index per row, or none");
   reserve(std::max<std::int64_t>(batch, 1));
   input_ = x.data();
   const float* in = input_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->forward(in, acts_[i].data(), batch);
+    layers_[i]->forward(in, acts_[i].data(), batch, ctx);
     if (layer_done) layer_done(i);
     in = acts_[i].data();
   }
@@ -116,6 +134,38 @@ std::unique_ptr<Model> make_mlp(std::int64_t in_features, std::span<const std::i
     prev = h;
   }
   layers.push_back(make_linear(prev, classes));
+  return std::make_unique<Model>(std::move(layers));
+}
+
+std::unique_ptr<Model> make_cnn(std::int64_t in_channels, std::int64_t height, std::int64_t width,
+                                std::int64_t classes) {
+  if (in_channels <= 0 || classes <= 0) throw InvalidArgument("a CNN needs positive channels and classes");
+  if (height <= 0 || width <= 0 || height % 4 != 0 || width % 4 != 0)
+    throw InvalidArgument("the CNN needs image sides that are positive multiples of 4, got " +
+                          std::to_string(height) + "x" + std::to_string(width));
+  constexpr std::int64_t kC1 = 16, kC2 = 32, kHidden = 128;
+  constexpr float kDropout = 0.25f;
+  const std::int64_t h2 = height / 2, w2 = width / 2, flat = kC2 * (height / 4) * (width / 4);
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(make_conv2d({.in_channels = in_channels,
+                                .out_channels = kC1,
+                                .height = height,
+                                .width = width,
+                                .kernel = 3,
+                                .padding = 1}));
+  layers.push_back(make_batch_norm2d({kC1, height, width}));
+  layers.push_back(make_relu(kC1 * height * width));
+  layers.push_back(make_max_pool2d({kC1, height, width}, 2));
+  layers.push_back(make_conv2d(
+      {.in_channels = kC1, .out_channels = kC2, .height = h2, .width = w2, .kernel = 3, .padding = 1}));
+  layers.push_back(make_batch_norm2d({kC2, h2, w2}));
+  layers.push_back(make_relu(kC2 * h2 * w2));
+  layers.push_back(make_max_pool2d({kC2, h2, w2}, 2));
+  layers.push_back(make_flatten(flat));
+  layers.push_back(make_linear(flat, kHidden));
+  layers.push_back(make_relu(kHidden));
+  layers.push_back(make_dropout(kHidden, kDropout));
+  layers.push_back(make_linear(kHidden, classes));
   return std::make_unique<Model>(std::move(layers));
 }
 

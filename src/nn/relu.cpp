@@ -13,7 +13,7 @@ class Relu final : public Layer {
   std::int64_t in_features() const override { return features_; }
   std::int64_t out_features() const override { return features_; }
 
-  void forward(const float* x, float* y, std::int64_t batch) override {
+  void forward(const float* x, float* y, std::int64_t batch, const ForwardContext&) override {
     // x: (B, D) -> y: (B, D)
     const std::int64_t n = batch * features_;
     for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;

@@ -2,8 +2,6 @@
 // loss's closed forms. Central differences, losses accumulated in double.
 #include <gtest/gtest.h>
 
-#include "nn/random_values.h"
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,6 +10,8 @@
 
 #include "lockstep/nn/layer.h"
 #include "lockstep/nn/loss.h"
+#include "nn/finite_difference.h"
+#include "nn/random_values.h"
 
 namespace lockstep::nn {
 namespace {
@@ -23,31 +23,6 @@ std::vector<float> away_from_zero(std::size_t n, float lo, float hi, std::uint64
   for (auto& x : v)
     if (rng() & 1) x = -x;
   return v;
-}
-
-// sum_i y_i * r_i in double.
-double dot(const std::vector<float>& y, const std::vector<float>& r) {
-  double s = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) s += double(y[i]) * r[i];
-  return s;
-}
-
-// Central difference of f with respect to v[i], restoring v[i].
-template <class F>
-double central(std::vector<float>& v, std::size_t i, float eps, F&& f) {
-  const float saved = v[i];
-  v[i] = saved + eps;
-  const double up = f();
-  v[i] = saved - eps;
-  const double down = f();
-  v[i] = saved;
-  // Use the actually representable step, not the nominal one.
-  return (up - down) / (double(saved + eps) - double(saved - eps));
-}
-
-void expect_close(double analytic, double numeric, double abs_tol, double rel_tol, const char* what,
-                  std::size_t i) {
-  EXPECT_NEAR(analytic, numeric, abs_tol + rel_tol * std::abs(numeric)) << what << "[" << i << "]";
 }
 
 // A Linear layer bound to storage the test owns.

@@ -1,0 +1,213 @@
+// `lockstep plan`: what data parallelism costs for a model, a device and a
+// link, where it stops paying, and what to do instead (docs/cost-model.md).
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "commands.h"
+#include "lockstep/comm/modelled_link.h"
+#include "lockstep/cost/plan.h"
+#include "lockstep/cost/published.h"
+#include "lockstep/cost/render.h"
+#include "lockstep/cost/units.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct PlanFlags {
+  std::string model = "mlp", hidden = "512,512", profile_file, params;
+  double compute_ms = 0;
+  std::string device, device_flops, device_memory;
+  std::string link_bandwidth = "10Gbit", link_latency = "50us";
+  std::string intra_bandwidth = "100GB/s", intra_latency = "5us";
+  int per_node = 1, nodes = 0;
+  std::string replicas = "1-64";
+  std::int64_t micro_batch = 32, accumulate = 1;
+  std::string optimizer = "momentum", algorithm = "best", compress = "none";
+  double first_bucket_mb = 1, bucket_mb = 25;
+  double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
+  bool json = false, published = false;
+  std::string svg_file;
+  CLI::Option *model_opt = nullptr, *replicas_opt = nullptr, *micro_batch_opt = nullptr;
+};
+
+cost::Optimizer optimizer_from(const std::string& name) {
+  if (name == "sgd") return cost::Optimizer::Sgd;
+  if (name == "adamw") return cost::Optimizer::AdamW;
+  return cost::Optimizer::Momentum;
+}
+
+// A model's profile from whichever of --profile, --params or --model was given.
+cost::Profile build_profile(const PlanFlags& f, const cost::Device& device, double passes) {
+  const bool from_model = f.model_opt->count() > 0;
+  if (!f.profile_file.empty() && (from_model || !f.params.empty()))
+    throw InvalidArgument("give one of --profile, --params or --model, not several.");
+  if (!f.params.empty() && from_model) throw InvalidArgument("give one of --params or --model, not both.");
+  if (!f.params.empty()) {
+    if (f.compute_ms <= 0)
+      throw InvalidArgument(
+          "--params needs --compute-ms T: one replica's compute time per step at --micro-batch.");
+    // A uniform stream: 64 equal slices, gradients ready evenly through backward.
+    const double bytes = 4 * cost::parse_count(f.params, "--params");
+    cost::Profile p{
+        .model = f.params + " parameters", .micro_batch = f.micro_batch, .step_compute_ms = f.compute_ms};
+    for (int i = 0; i < 64; ++i)
+      p.layers.push_back({.name = std::to_string(i),
+                          .param_bytes = bytes / 64,
+                          .forward_ms = f.compute_ms / 3 / 64,
+                          .backward_ms = 2 * f.compute_ms / 3 / 64});
+    return p;
+  }
+  cost::Profile p;
+  if (!f.profile_file.empty()) {
+    p = cost::read_profile(f.profile_file);
+  } else if (f.model == "mlp") {
+    p = cost::profile_from_spec(cost::mlp_model(784, parse_hidden(f.hidden), 10), device, f.micro_batch,
+                                passes);
+  } else {
+    p = cost::profile_from_spec(cost::cnn_model(f.model), device, f.micro_batch, passes);
+  }
+  if (f.compute_ms > 0) {
+    // Rescale forward and backward so that a step at --micro-batch computes for T.
+    const double at_batch =
+        (p.forward_ms() + p.backward_ms()) * double(f.micro_batch) / double(p.micro_batch);
+    if (f.compute_ms <= p.optimizer_ms())
+      throw InvalidArgument(
+          "--compute-ms " + CLI::detail::to_string(f.compute_ms) +
+          " is not more than the optimizer's modelled time; give the whole step's compute.");
+    p = cost::scale_compute(p, (f.compute_ms - p.optimizer_ms()) / at_batch);
+  }
+  return p;
+}
+
+void write_file(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out)
+    throw IoError(path + ": could not write " + what + " (missing directory, disk full or not writable).");
+}
+
+int run_plan(PlanFlags& f) {
+  if (f.published) {
+    const auto cases = cost::published_cases();
+    std::cout << cost::published_table(cases);
+    return 0;
+  }
+  const bool cnn = f.model != "mlp" && f.profile_file.empty() && f.params.empty();
+  cost::Device device = cost::device_preset(!f.device.empty() ? f.device : cnn ? "v100" : "cpu");
+  if (!f.device_flops.empty()) device.flops = cost::parse_count(f.device_flops, "--device-flops");
+  if (!f.device_memory.empty()) device.memory_bytes = cost::parse_bytes(f.device_memory, "--device-memory");
+
+  cost::PlanOptions o;
+  o.device = device;
+  o.optimizer = optimizer_from(f.optimizer);
+  o.price_per_device_hour = f.price;
+  o.critical_batch = f.critical_batch;
+  o.min_efficiency = f.min_efficiency;
+  o.max_cost_increase = f.max_cost_increase;
+  if (f.nodes > 0 && f.replicas_opt->count() == 0) {
+    o.replicas = {1};
+    for (int m = 1; m <= f.nodes; m *= 2)
+      if (m * f.per_node > 1) o.replicas.push_back(m * f.per_node);
+    if (o.replicas.back() != f.nodes * f.per_node) o.replicas.push_back(f.nodes * f.per_node);
+  } else {
+    o.replicas = cost::parse_replicas(f.replicas, "--replicas");
+  }
+  auto& s = o.step;
+  s.micro_batch = f.micro_batch;
+  s.accumulate = f.accumulate;
+  s.algorithm = cost::algorithm_from_string(f.algorithm);
+  s.first_bucket_mb = f.first_bucket_mb;
+  s.bucket_mb = f.bucket_mb;
+  s.bf16 = f.compress == "bf16";
+  s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
+  s.topology.per_node = f.per_node;
+  s.topology.inter = {comm::parse_bandwidth(f.link_bandwidth),
+                      std::chrono::duration<double>(comm::parse_latency(f.link_latency)).count()};
+  s.topology.intra = {comm::parse_bandwidth(f.intra_bandwidth),
+                      std::chrono::duration<double>(comm::parse_latency(f.intra_latency)).count()};
+
+  const cost::Profile profile = build_profile(f, device, cost::optimizer_passes(o.optimizer));
+  const cost::Plan plan = cost::make_plan(profile, o);
+  if (!f.svg_file.empty()) write_file(f.svg_file, cost::plan_svg(plan), "the plot");
+  std::cout << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));
+  if (!f.json && !f.svg_file.empty()) std::cout << "plot: " << f.svg_file << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Action add_plan_command(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Predict what data parallelism costs per replica count, where it stops paying and what to do instead "
+      "(no training; docs/cost-model.md)");
+  cmd->option_defaults()->always_capture_default();
+  f->model_opt = cmd->add_option("--model", f->model, "Built-in model")
+                     ->check(CLI::IsMember({"mlp", "resnet50", "resnet101", "inception3", "vgg16"}));
+  cmd->add_option("--hidden", f->hidden, "Hidden layer widths of the MLP");
+  cmd->add_option("--profile", f->profile_file,
+                  "A measured profile (JSON, per-layer parameter bytes and forward/backward ms) instead of a "
+                  "built-in model");
+  cmd->add_option("--params", f->params,
+                  "Instead of a model: this many parameters (e.g. 25.6M), with --compute-ms");
+  cmd->add_option("--compute-ms", f->compute_ms,
+                  "One replica's compute per step (forward + backward + optimizer) at --micro-batch, in ms; "
+                  "rescales the model's compute")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", f->device, "Device preset (default: cpu for the MLP, v100 for the CNNs)")
+      ->check(CLI::IsMember({"cpu", "p100", "v100", "a100"}));
+  cmd->add_option("--device-flops", f->device_flops, "Achieved FLOP/s of one device, e.g. 60G or 6.3T");
+  cmd->add_option("--device-memory", f->device_memory, "Memory of one device, e.g. 16GB or 80GiB");
+  cmd->add_option(
+      "--link-bandwidth", f->link_bandwidth,
+      "Bandwidth between nodes (each replica is a node unless --per-node), e.g. 10Gbit or 12.5GB/s");
+  cmd->add_option("--link-latency", f->link_latency, "Latency per message between nodes, e.g. 50us");
+  cmd->add_option("--per-node", f->per_node, "Replicas per node (they share the node's link)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--nodes", f->nodes, "Nodes: plan 1 replica and per-node x 1, 2, 4 ... nodes replicas")
+      ->check(CLI::Range(0, 65536));
+  cmd->add_option("--intra-bandwidth", f->intra_bandwidth, "Bandwidth between replicas of one node");
+  cmd->add_option("--intra-latency", f->intra_latency, "Latency per message between replicas of one node");
+  f->replicas_opt = cmd->add_option("--replicas", f->replicas,
+                                    "Replica counts: a list (1,2,4,8) or a doubling range (1-64)");
+  f->micro_batch_opt = cmd->add_option("--micro-batch", f->micro_batch, "Samples per replica per micro-step")
+                           ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_option("--accumulate", f->accumulate, "Micro-steps per optimizer step, one all-reduce each step")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+  cmd->add_option("--optimizer", f->optimizer, "Optimizer (its state: 0, 1 or 2 x the parameters)")
+      ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
+  cmd->add_option(
+         "--algorithm", f->algorithm,
+         "All-reduce algorithm (best: the cheapest per bucket; auto: what `lockstep train` does over a "
+         "modelled link)")
+      ->check(CLI::IsMember({"best", "auto", "ring", "halving_doubling", "tree", "hierarchical"}));
+  cmd->add_option("--bucket-mb", f->bucket_mb, "Gradient bucket size in MiB (0: one bucket after backward)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
+      ->check(CLI::IsMember({"none", "bf16"}));
+  cmd->add_option("--price", f->price, "Price of one device-hour, any currency")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--critical-batch", f->critical_batch,
+                  "Critical batch size B_crit (McCandlish et al. 2018); 0: no statistical ceiling")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min-efficiency", f->min_efficiency, "Efficiency under which more replicas stop paying")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--max-cost-increase", f->max_cost_increase,
+                  "Largest acceptable rise in cost per sample over one replica (0.25 = 25%)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", f->json, "Print JSON instead of the table");
+  cmd->add_option("--svg", f->svg_file,
+                  "Also plot efficiency and cost per sample against replicas to this SVG file");
+  cmd->add_flag("--published", f->published,
+                "Print the model's predictions beside published scaling results");
+  return [f] { return run_plan(*f); };
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,23 @@
+// The cost model against published scaling results (docs/cost-model.md):
+// each case is the paper's model, batch, hardware and interconnect as inputs,
+// and the paper's efficiency beside the prediction.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::cost {
+
+struct PublishedCase {
+  std::string name;                 // "Goyal et al. 2017, ResNet-50, 256 P100"
+  std::string inputs;               // the inputs used, one line
+  double published = 0;             // efficiency the paper reports
+  double predicted = 0;             // efficiency the model predicts
+  double predicted_no_overlap = 0;  // the same with one bucket after backward (a bound)
+  std::string note;                 // when off by more than 5 points: which term is wrong
+};
+
+std::vector<PublishedCase> published_cases();
+std::string published_table(const std::vector<PublishedCase>& cases);
+
+}  // namespace lockstep::cost

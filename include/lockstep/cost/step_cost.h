@@ -1,0 +1,57 @@
+// One training step of one replica: compute, the buckets' all-reduces, and
+// how much of that communication backward hides.
+//
+// The model (docs/cost-model.md, "Overlap"): backward runs the layers last to
+// first; a layer's gradient is ready when its backward ends. Buckets are the
+// trainer's own (ddp::assign_buckets over the layers' sizes), so a bucket is
+// ready when its earliest layer's backward ends. One communication stream
+// all-reduces the buckets strictly in order: bucket k starts at
+// max(ready_k, end_{k-1}). Exposed communication is whatever runs past the
+// end of backward; the optimizer starts after it.
+//
+//   step = accumulate x (forward + backward) + exposed + optimizer
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/cost/collective_cost.h"
+#include "lockstep/cost/profile.h"
+
+namespace lockstep::cost {
+
+struct StepOptions {
+  int replicas = 1;
+  std::int64_t micro_batch = 32;  // the profile's times are rescaled to this, linearly
+  std::int64_t accumulate = 1;    // micro-steps per step; one all-reduce, in the last backward
+  Topology topology;
+  Algorithm algorithm = Algorithm::Best;
+  double first_bucket_mb = 1;     // MiB, as ddp::ReducerOptions
+  double bucket_mb = 25;          // MiB; 0 = one bucket after backward (no overlap)
+  bool bf16 = false;              // half the bytes on the wire
+  double reduce_bytes_per_s = 0;  // gamma; 0 = free
+};
+
+struct BucketTime {
+  double bytes = 0;                               // on the wire
+  double ready_ms = 0, start_ms = 0, end_ms = 0;  // since the step began
+};
+
+struct StepPrediction {
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // per step (all micro-steps)
+  double compute_ms = 0;                                     // their sum
+  double comm_ms = 0;                                        // sum of the buckets' all-reduces
+  double alpha_ms = 0, beta_ms = 0, gamma_ms = 0;            // comm_ms split by term
+  double exposed_comm_ms = 0;                                // past the end of backward
+  double step_ms = 0;                                        // compute + exposed
+  double gradient_bytes = 0;                                 // fp32, per replica
+  double bytes_sent = 0;                                     // per replica per step
+  Algorithm algorithm = Algorithm::Ring;                     // resolved, of the largest bucket
+  std::vector<BucketTime> buckets;                           // launch order
+};
+
+// Throws InvalidArgument for replicas < 1, micro_batch < 1, accumulate < 1,
+// negative bucket sizes or a profile without parameters.
+StepPrediction predict_step(const Profile& profile, const StepOptions& options);
+
+}  // namespace lockstep::cost

@@ -1,0 +1,179 @@
+// The advisor: where data parallelism stops paying, why, and what to do
+// instead, ranked by predicted cost per useful sample.
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "format.h"
+#include "plan_internal.h"
+
+namespace lockstep::cost::detail {
+namespace {
+
+std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow& r) {
+  const StepPrediction& s = r.step;
+  const double window = s.backward_ms / double(o.step.accumulate);
+  switch (r.bound) {
+    case Bound::Fine:
+      return "";
+    case Bound::Memory:
+      return strf(
+          "each device needs %s (weights %s, gradients %s, optimizer state %s, activations %s) but has %s.",
+          bytes_text(r.memory.total()).c_str(), bytes_text(r.memory.weights).c_str(),
+          bytes_text(r.memory.gradients).c_str(), bytes_text(r.memory.optimizer_state).c_str(),
+          bytes_text(r.memory.activations).c_str(), bytes_text(o.device.memory_bytes).c_str());
+    case Bound::Statistical:
+      return strf(
+          "past the critical batch: the global batch of %.0f is no longer small against B_crit = %.0f, so by "
+          "McCandlish et al. (2018) a sample is worth only %.2f of one at one replica's batch; the "
+          "efficiency "
+          "is %.2f although the systems efficiency is %.2f.",
+          double(r.replicas) * o.step.micro_batch * o.step.accumulate, o.critical_batch,
+          r.statistical_efficiency, r.efficiency, r.systems_efficiency);
+    case Bound::Latency:
+      return strf(
+          "latency-bound: %s of the %s all-reduce time is message latency (%s a step, %zu bucket(s)), and "
+          "%s of it is exposed after backward, against %s of compute.",
+          ms_text(s.alpha_ms).c_str(), ms_text(s.comm_ms).c_str(), to_string(s.algorithm), s.buckets.size(),
+          ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str());
+    case Bound::Bandwidth:
+      return strf(
+          "bandwidth-bound: each replica sends %s of gradients a step (%s all-reduce of %s), which takes %s, "
+          "more than the %s backward pass can hide; %s is exposed against %s of compute.",
+          bytes_text(s.bytes_sent).c_str(), to_string(s.algorithm), bytes_text(profile.param_bytes()).c_str(),
+          ms_text(s.comm_ms).c_str(), ms_text(window).c_str(), ms_text(s.exposed_comm_ms).c_str(),
+          ms_text(s.compute_ms).c_str());
+    case Bound::ExposedTail: {
+      const double tail = s.buckets.empty() ? 0 : s.buckets.back().bytes;
+      return strf(
+          "exposed tail: the all-reduces (%s) are shorter than backward (%s), but the last bucket (%s, the "
+          "first layers' gradients) is only ready when backward ends, so %s is exposed against %s of "
+          "compute.",
+          ms_text(s.comm_ms).c_str(), ms_text(window).c_str(), bytes_text(tail).c_str(),
+          ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str());
+    }
+  }
+  return "";
+}
+
+std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, const PlanRow& r,
+                                  int max_replicas) {
+  std::vector<Alternative> out;
+  for (std::int64_t m : {2, 4, 8}) {
+    PlanOptions a = o;
+    a.step.micro_batch = o.step.micro_batch * m;
+    const PlanRow row = plan_row(profile, a, r.replicas);
+    if (row.fits)
+      out.push_back(as_alternative(row, "raise --micro-batch to " + std::to_string(a.step.micro_batch),
+                                   "same communication, " + std::to_string(m) + "x the compute per step"));
+  }
+  for (std::int64_t k : {2, 4, 8}) {
+    PlanOptions a = o;
+    a.step.accumulate = o.step.accumulate * k;
+    out.push_back(
+        as_alternative(plan_row(profile, a, r.replicas), "--accumulate " + std::to_string(a.step.accumulate),
+                       "one all-reduce per " + std::to_string(a.step.accumulate) + " micro-batches"));
+  }
+  if (!o.step.bf16) {
+    PlanOptions a = o;
+    a.step.bf16 = true;
+    out.push_back(
+        as_alternative(plan_row(profile, a, r.replicas), "--compress bf16", "half the bytes on the wire"));
+  }
+  // Sharding pays off with the most replicas listed.
+  if (r.bound == Bound::Memory)
+    for (const Alternative& a : alternatives_at(profile, o, std::max(o.replicas.back(), 2)))
+      if (a.name.starts_with("ZeRO") || a.outline) out.push_back(a);
+  if (max_replicas > 0 && max_replicas < r.replicas) {
+    const PlanRow stop = plan_row(profile, o, max_replicas);
+    out.push_back(as_alternative(
+        stop, "stop at " + std::to_string(max_replicas) + (max_replicas == 1 ? " replica" : " replicas"),
+        "the largest listed count that still pays"));
+  }
+  // Those that fit and pay first, cheapest useful sample first; outlines last.
+  auto rank = [&](const Alternative& a) {
+    return std::tuple(a.outline, !a.fits, a.efficiency < o.min_efficiency, a.cost_per_million_useful_samples);
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  return out;
+}
+
+}  // namespace
+
+Recommendation advise(const Profile& profile, const PlanOptions& o, const std::vector<PlanRow>& rows) {
+  Recommendation rec;
+  const PlanRow* failing = nullptr;
+  for (const PlanRow& r : rows) {
+    if (!pays(r, o)) {
+      failing = &r;
+      break;
+    }
+    rec.max_replicas = r.replicas;
+  }
+  if (failing == nullptr) {
+    // Every listed count pays: look further out, doubling, for where it stops.
+    const PlanRow& last = rows.back();
+    int beyond = 0;
+    PlanRow far;
+    for (long n = 2L * last.replicas; n <= 65536 && beyond == 0; n *= 2) {
+      far = plan_row(profile, o, static_cast<int>(n));
+      if (!pays(far, o)) beyond = static_cast<int>(n);
+    }
+    rec.summary = strf(
+        "Data parallelism pays at every listed count, up to %d replicas (efficiency %.2f, %.3g per "
+        "million samples).",
+        last.replicas, last.efficiency, last.cost_per_million_useful_samples);
+    if (beyond > 0)
+      rec.summary += strf(" By this model it stops paying at about %d replicas: %s", beyond,
+                          why_text(profile, o, far).c_str());
+    else
+      rec.summary += " By this model it keeps paying up to 65536 replicas.";
+    if (o.critical_batch <= 0)
+      rec.summary +=
+          " This counts systems cost only: give --critical-batch to add the statistical ceiling, past which "
+          "more "
+          "replicas buy fewer useful samples.";
+    return rec;
+  }
+  rec.first_failing = failing->replicas;
+  rec.why = failing->bound;
+  rec.why_text = why_text(profile, o, *failing);
+  rec.ranked = remedies(profile, o, *failing, rec.max_replicas);
+  const Alternative* best = rec.ranked.empty() ? nullptr : &rec.ranked.front();
+  std::string instead;
+  if (best != nullptr)
+    instead = best->outline
+                  ? strf(" Instead: %s (%s).", best->name.c_str(), best->detail.c_str())
+                  : strf(
+                        " Cheapest per sample instead of %d replicas: %s (efficiency %.2f, %.3g per million "
+                        "samples, %.0f samples/s).",
+                        failing->replicas, best->name.c_str(), best->efficiency,
+                        best->cost_per_million_useful_samples, best->samples_per_s);
+  if (rec.max_replicas == 0) {
+    rec.summary = strf("Data parallelism does not pay even at %d replica(s): %s", failing->replicas,
+                       rec.why_text.c_str()) +
+                  instead;
+    return rec;
+  }
+  const PlanRow& ok = *std::find_if(rows.begin(), rows.end(),
+                                    [&](const PlanRow& r) { return r.replicas == rec.max_replicas; });
+  if (rec.max_replicas == 1) {
+    rec.summary =
+        strf(
+            "One replica is the cheapest way to run this (%.3g per million samples). At %d replicas the "
+            "efficiency falls to %.2f, under %.2f: %s",
+            ok.cost_per_million_useful_samples, failing->replicas, failing->efficiency, o.min_efficiency,
+            rec.why_text.c_str()) +
+        instead;
+    return rec;
+  }
+  rec.summary = strf(
+                    "Use up to %d replicas (efficiency %.2f, %.3g per million samples). At %d the efficiency "
+                    "falls to %.2f, under %.2f: %s",
+                    ok.replicas, ok.efficiency, ok.cost_per_million_useful_samples, failing->replicas,
+                    failing->efficiency, o.min_efficiency, rec.why_text.c_str()) +
+                instead;
+  return rec;
+}
+
+}  // namespace lockstep::cost::detail

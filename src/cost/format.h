@@ -1,0 +1,34 @@
+// Number formatting shared by the advisor's sentences and the table.
+#pragma once
+
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+namespace lockstep::cost::detail {
+
+__attribute__((format(printf, 1, 2))) inline std::string strf(const char* fmt, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return buf;
+}
+
+// 2.68 MB, 553 MB, 1.2 GB (decimal, as bandwidths are quoted).
+inline std::string bytes_text(double b) {
+  if (b >= 1e9) return strf("%.3g GB", b / 1e9);
+  if (b >= 1e6) return strf("%.3g MB", b / 1e6);
+  if (b >= 1e3) return strf("%.3g kB", b / 1e3);
+  return strf("%.0f B", b);
+}
+
+inline std::string ms_text(double ms) {
+  if (ms >= 1000) return strf("%.2f s", ms / 1000);
+  if (ms >= 10) return strf("%.0f ms", ms);
+  if (ms >= 0.1) return strf("%.2f ms", ms);
+  return strf("%.1f us", ms * 1000);
+}
+
+}  // namespace lockstep::cost::detail

@@ -1,0 +1,197 @@
+// Rows per replica count and the alternatives' table (lockstep/cost/plan.h).
+//
+// Efficiency is against one replica at the same micro-batch: one replica
+// never communicates, so efficiency = its step time / this step time. Cost
+// per sample scales with N x step / (N b), so it rises by 1/efficiency: the
+// cost threshold (max_cost_increase) and the efficiency threshold are the
+// same test when min_efficiency = 1 / (1 + max_cost_increase), as by default.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "lockstep/error.h"
+#include "plan_internal.h"
+
+namespace lockstep::cost {
+namespace {
+
+void check_options(const PlanOptions& o) {
+  if (o.replicas.empty()) throw InvalidArgument("give at least one replica count, e.g. --replicas 1-64.");
+  for (int n : o.replicas)
+    if (n < 1) throw InvalidArgument("replica counts must be at least 1, got " + std::to_string(n) + ".");
+  if (!(o.min_efficiency > 0 && o.min_efficiency <= 1))
+    throw InvalidArgument("--min-efficiency must be in (0, 1], e.g. 0.8.");
+  if (!(o.max_cost_increase >= 0)) throw InvalidArgument("--max-cost-increase must be zero or positive.");
+  if (!(o.price_per_device_hour >= 0)) throw InvalidArgument("--price must be zero or positive.");
+  if (!(o.critical_batch >= 0)) throw InvalidArgument("--critical-batch must be zero (none) or positive.");
+}
+
+Bound classify(const PlanRow& r, const PlanOptions& o) {
+  if (!r.fits) return Bound::Memory;
+  if (detail::pays(r, o)) return Bound::Fine;
+  if (r.statistical_efficiency < r.systems_efficiency) return Bound::Statistical;
+  const double window = r.step.backward_ms / double(o.step.accumulate);  // the last micro-step's backward
+  if (r.step.comm_ms <= window) return Bound::ExposedTail;
+  return r.step.alpha_ms >= r.step.beta_ms ? Bound::Latency : Bound::Bandwidth;
+}
+
+}  // namespace
+
+double optimizer_state_factor(Optimizer o) {
+  return o == Optimizer::Sgd ? 0 : o == Optimizer::Momentum ? 1 : 2;
+}
+// Reads p, g (+ state), writes p (+ state).
+double optimizer_passes(Optimizer o) {
+  return o == Optimizer::Sgd ? 3 : o == Optimizer::Momentum ? 5 : 7;
+}
+const char* to_string(Optimizer o) {
+  return o == Optimizer::Sgd ? "sgd" : o == Optimizer::Momentum ? "sgd with momentum" : "adamw";
+}
+
+const char* to_string(Bound b) {
+  switch (b) {
+    case Bound::Fine:
+      return "fine";
+    case Bound::Latency:
+      return "latency-bound";
+    case Bound::Bandwidth:
+      return "bandwidth-bound";
+    case Bound::ExposedTail:
+      return "exposed tail";
+    case Bound::Statistical:
+      return "past the critical batch";
+    case Bound::Memory:
+      return "out of memory";
+  }
+  return "?";
+}
+
+PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
+  check_options(o);
+  StepOptions so = o.step;
+  so.replicas = replicas;
+  PlanRow r{.replicas = replicas, .step = predict_step(profile, so)};
+  so.replicas = 1;
+  const double one = predict_step(profile, so).step_ms;
+  const double local_batch = double(o.step.micro_batch) * double(o.step.accumulate);
+  r.systems_efficiency = one / r.step.step_ms;
+  if (o.critical_batch > 0)
+    r.statistical_efficiency = (local_batch + o.critical_batch) / (replicas * local_batch + o.critical_batch);
+  r.efficiency = r.systems_efficiency * r.statistical_efficiency;
+  r.samples_per_s = replicas * local_batch / (r.step.step_ms / 1e3);
+  r.cost_per_million_samples = o.price_per_device_hour * replicas / 3600 / r.samples_per_s * 1e6;
+  r.cost_per_million_useful_samples = r.cost_per_million_samples / r.statistical_efficiency;
+  const double p = profile.param_bytes();
+  r.memory = {.weights = p,
+              .gradients = p,
+              .optimizer_state = p * optimizer_state_factor(o.optimizer),
+              .activations = profile.activation_bytes_per_sample * double(o.step.micro_batch)};
+  r.fits = o.device.memory_bytes <= 0 || r.memory.total() <= o.device.memory_bytes;
+  r.bound = classify(r, o);
+  return r;
+}
+
+namespace detail {
+
+bool pays(const PlanRow& r, const PlanOptions& o) {
+  return r.fits && r.efficiency >= o.min_efficiency * (1 - 1e-12) &&
+         r.efficiency >= 1 / (1 + o.max_cost_increase) * (1 - 1e-12);
+}
+
+Alternative as_alternative(const PlanRow& r, std::string name, std::string detail) {
+  return {.name = std::move(name),
+          .detail = std::move(detail),
+          .replicas = r.replicas,
+          .step_ms = r.step.step_ms,
+          .efficiency = r.efficiency,
+          .samples_per_s = r.samples_per_s,
+          .cost_per_million_useful_samples = r.cost_per_million_useful_samples,
+          .memory_bytes_per_device = r.memory.total(),
+          .comm_bytes_per_step = r.step.bytes_sent,
+          .fits = r.fits};
+}
+
+std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptions& o, int n) {
+  const PlanRow base = plan_row(profile, o, n);
+  std::vector<Alternative> out{as_alternative(base, "data parallel", "as planned")};
+  const Memory& m = base.memory;
+  const double limit = o.device.memory_bytes;
+  auto with_step = [&](std::string name, std::string detail, double step_ms, double memory,
+                       double comm_bytes) {
+    Alternative a = as_alternative(base, std::move(name), std::move(detail));
+    a.step_ms = step_ms;
+    a.efficiency = base.efficiency * base.step.step_ms / step_ms;
+    a.samples_per_s = base.samples_per_s * base.step.step_ms / step_ms;
+    a.cost_per_million_useful_samples = base.cost_per_million_useful_samples * step_ms / base.step.step_ms;
+    a.memory_bytes_per_device = memory;
+    a.comm_bytes_per_step = comm_bytes;
+    a.fits = limit <= 0 || memory <= limit;
+    return a;
+  };
+  const double c = base.step.comm_ms, sent = base.step.bytes_sent;
+  // ZeRO (Rajbhandari et al. 2020). Stages 1 and 2: a reduce-scatter in
+  // backward hides as the all-reduce did; the all-gather of the updated
+  // parameters after the optimizer cannot hide (DeepSpeed's default), +c/2.
+  // Stage 3 gathers each layer's parameters before its forward (prefetched,
+  // hidden behind forward when it fits) and again in backward, where it is
+  // exposed in the same proportion as the all-reduce was: 1.5x the bytes.
+  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", base.step.step_ms + c / 2,
+                          m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
+  out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded", base.step.step_ms + c / 2,
+                          m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent));
+  const double exposed_share = c > 0 ? base.step.exposed_comm_ms / c : 0;
+  const double z3 = base.step.step_ms + std::max(0.0, c / 2 - base.step.forward_ms) + c / 2 * exposed_share;
+  out.push_back(with_step("ZeRO-3", "weights, gradients and optimizer state sharded", z3,
+                          (m.weights + m.gradients + m.optimizer_state) / n + m.activations, 1.5 * sent));
+  for (std::int64_t k : {4}) {
+    PlanOptions a = o;
+    a.step.accumulate = o.step.accumulate * k;
+    out.push_back(as_alternative(plan_row(profile, a, n), "accumulate " + std::to_string(a.step.accumulate),
+                                 "one all-reduce per " + std::to_string(a.step.accumulate) +
+                                     " micro-batches; global batch x" + std::to_string(k)));
+  }
+  if (!o.step.bf16) {
+    PlanOptions a = o;
+    a.step.bf16 = true;
+    out.push_back(as_alternative(plan_row(profile, a, n), "bf16 compression", "half the bytes on the wire"));
+  }
+  // In outline: memory and what crosses the link, no step time.
+  const int t = o.step.topology.per_node > 1 ? std::min(o.step.topology.per_node, 8) : 2;
+  Alternative tp{.name = "tensor parallel x" + std::to_string(t),
+                 .detail = "each layer split over " + std::to_string(t) +
+                           " devices; ~4 all-reduces of activations per layer per micro-batch, needs the "
+                           "intra-node link",
+                 .replicas = n,
+                 .memory_bytes_per_device = (m.weights + m.gradients + m.optimizer_state) / t + m.activations,
+                 .outline = true};
+  tp.fits = limit <= 0 || tp.memory_bytes_per_device <= limit;
+  out.push_back(tp);
+  const int s = 4, micro = 4 * s;
+  Alternative pp{.name = "pipeline x" + std::to_string(s),
+                 .detail = "layers split into " + std::to_string(s) + " stages, " + std::to_string(micro) +
+                           " micro-batches per step: bubble " +
+                           std::to_string(int(std::lround(100.0 * (s - 1) / (micro + s - 1)))) +
+                           "% of the step; activations cross stage boundaries",
+                 .replicas = n,
+                 .efficiency = 1.0 - double(s - 1) / (micro + s - 1),
+                 .memory_bytes_per_device = (m.weights + m.gradients + m.optimizer_state) / s + m.activations,
+                 .outline = true};
+  pp.fits = limit <= 0 || pp.memory_bytes_per_device <= limit;
+  out.push_back(pp);
+  return out;
+}
+
+}  // namespace detail
+
+Plan make_plan(const Profile& profile, const PlanOptions& options) {
+  check_options(options);
+  Plan plan{.model = profile.model, .profile = profile, .options = options};
+  for (int n : options.replicas) plan.rows.push_back(plan_row(profile, options, n));
+  plan.recommendation = detail::advise(profile, options, plan.rows);
+  const int target =
+      plan.recommendation.first_failing > 0 ? plan.recommendation.first_failing : options.replicas.back();
+  plan.alternatives = detail::alternatives_at(profile, options, target);
+  return plan;
+}
+
+}  // namespace lockstep::cost

@@ -1,0 +1,133 @@
+// The profile format (lockstep/cost/profile.h, docs/cost-model.md): read,
+// checked field by field so that a bad file names what is wrong, and written.
+#include "lockstep/cost/profile.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lockstep/error.h"
+
+namespace lockstep::cost {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormat = "lockstep-profile";
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  throw InvalidArgument(source + ": " + what + " (the format is in docs/cost-model.md).");
+}
+
+double number(const json& j, const char* key, const std::string& where, const std::string& source,
+              bool required = true) {
+  if (!j.contains(key)) {
+    if (!required) return 0;
+    bad(source, where + " has no \"" + key + "\"");
+  }
+  const json& v = j.at(key);
+  if (!v.is_number()) bad(source, where + "'s \"" + key + "\" is not a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < 0) bad(source, where + "'s \"" + key + "\" must be zero or positive");
+  return d;
+}
+
+}  // namespace
+
+double Profile::param_bytes() const {
+  double s = 0;
+  for (const auto& l : layers) s += l.param_bytes;
+  return s;
+}
+double Profile::forward_ms() const {
+  double s = 0;
+  for (const auto& l : layers) s += l.forward_ms;
+  return s;
+}
+double Profile::backward_ms() const {
+  double s = 0;
+  for (const auto& l : layers) s += l.backward_ms;
+  return s;
+}
+double Profile::optimizer_ms() const {
+  return std::max(0.0, step_compute_ms - forward_ms() - backward_ms());
+}
+
+Profile parse_profile(std::string_view json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    bad(source, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(source, "the top level is not a JSON object");
+  if (j.value("format", std::string()) != kFormat)
+    bad(source, std::string("\"format\" must be \"") + kFormat + "\"");
+  if (j.value("version", 0) != 1) bad(source, "only \"version\": 1 is understood");
+  Profile p;
+  p.model = j.value("model", std::string("profiled model"));
+  p.replicas = static_cast<int>(number(j, "replicas", "the profile", source));
+  p.micro_batch = static_cast<std::int64_t>(number(j, "micro_batch", "the profile", source));
+  if (p.replicas < 1 || p.micro_batch < 1) bad(source, "\"replicas\" and \"micro_batch\" must be at least 1");
+  p.step_compute_ms = number(j, "step_compute_ms", "the profile", source);
+  p.activation_bytes_per_sample = number(j, "activation_bytes_per_sample", "the profile", source, false);
+  if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
+    bad(source, "\"layers\" must be a non-empty array, one object per layer in forward order");
+  for (std::size_t i = 0; i < j["layers"].size(); ++i) {
+    const json& l = j["layers"][i];
+    const std::string where = "layer " + std::to_string(i);
+    if (!l.is_object()) bad(source, where + " is not an object");
+    LayerCost c;
+    c.name = l.value("name", std::to_string(i));
+    c.param_bytes = number(l, "param_bytes", where, source);
+    c.forward_ms = number(l, "forward_ms", where, source);
+    c.backward_ms = number(l, "backward_ms", where, source);
+    p.layers.push_back(std::move(c));
+  }
+  if (p.param_bytes() <= 0) bad(source, "no layer has parameters, so there is nothing to all-reduce");
+  if (p.step_compute_ms < p.forward_ms() + p.backward_ms() - 1e-6)
+    bad(source, "\"step_compute_ms\" is less than the layers' forward + backward time");
+  return p;
+}
+
+Profile read_profile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw IoError(path.string() + ": cannot open the profile; write one with `lockstep train --profile`.");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) throw IoError(path.string() + ": reading the profile failed.");
+  return parse_profile(text.str(), path.string());
+}
+
+std::string profile_to_json(const Profile& p) {
+  json layers = json::array();
+  for (const auto& l : p.layers)
+    layers.push_back({{"name", l.name},
+                      {"param_bytes", l.param_bytes},
+                      {"forward_ms", l.forward_ms},
+                      {"backward_ms", l.backward_ms}});
+  const json j = {{"format", kFormat},
+                  {"version", 1},
+                  {"model", p.model},
+                  {"replicas", p.replicas},
+                  {"micro_batch", p.micro_batch},
+                  {"step_compute_ms", p.step_compute_ms},
+                  {"activation_bytes_per_sample", p.activation_bytes_per_sample},
+                  {"layers", layers}};
+  return j.dump(2) + "\n";
+}
+
+Profile scale_compute(const Profile& profile, double factor) {
+  Profile p = profile;
+  const double opt = profile.optimizer_ms();
+  for (auto& l : p.layers) {
+    l.forward_ms *= factor;
+    l.backward_ms *= factor;
+  }
+  p.step_compute_ms = p.forward_ms() + p.backward_ms() + opt;
+  return p;
+}
+
+}  // namespace lockstep::cost

@@ -1,0 +1,136 @@
+// The cost model against published scaling results. Every input is taken
+// from the paper (model, micro-batch, GPUs per server, interconnect, one
+// GPU's throughput) or is a well-known hardware figure; each is stated in
+// docs/cost-model.md. Compute per step is the paper's own single-device time,
+// so the comparison tests the communication and overlap terms.
+#include <cmath>
+
+#include "format.h"
+#include "lockstep/cost/models.h"
+#include "lockstep/cost/plan.h"
+#include "lockstep/cost/published.h"
+
+namespace lockstep::cost {
+namespace {
+
+using detail::strf;
+
+struct Setup {
+  std::string name;
+  ModelSpec spec;
+  double images_per_s = 0;  // one device, at micro_batch
+  std::int64_t micro_batch = 0;
+  Topology topology;
+  Algorithm algorithm = Algorithm::Ring;
+  double first_bucket_mb = 25, bucket_mb = 25;
+  int baseline = 1, replicas = 0;
+  double published = 0;
+  std::string inputs, note;
+};
+
+double efficiency(const Setup& s, double bucket_mb) {
+  // Calibrate the device so one replica's compute is the published time.
+  const Device device{.name = "calibrated",
+                      .flops = s.images_per_s * s.spec.flops_per_sample(),
+                      .memory_bytes = 0,
+                      .memory_bandwidth = 1e12};
+  const Profile profile = profile_from_spec(s.spec, device, s.micro_batch, /*optimizer_passes=*/0);
+  StepOptions o{.micro_batch = s.micro_batch,
+                .topology = s.topology,
+                .algorithm = s.algorithm,
+                .first_bucket_mb = s.first_bucket_mb,
+                .bucket_mb = bucket_mb};
+  o.replicas = s.baseline;
+  const double base = predict_step(profile, o).step_ms;
+  o.replicas = s.replicas;
+  return base / predict_step(profile, o).step_ms;
+}
+
+constexpr double kGbit = 1e9 / 8;
+
+}  // namespace
+
+std::vector<PublishedCase> published_cases() {
+  std::vector<Setup> setups;
+  // Goyal et al. 2017: ResNet-50, 32 images per GPU, 8 P100 per Big Basin
+  // server (NVLink), 50 Gbit/s Ethernet between servers; 90 epochs at batch
+  // 256 took 29 h on 8 GPUs, i.e. 0.232 s per step: 138 images/s per GPU.
+  // Efficiency is quoted against 8 GPUs.
+  Setup goyal{.name = "Goyal et al. 2017, ResNet-50, 256 P100 vs 8",
+              .spec = cnn_model("resnet50"),
+              .images_per_s = 32 / 0.232,
+              .micro_batch = 32,
+              .topology = {.per_node = 8, .intra = {20e9, 5e-6}, .inter = {50 * kGbit, 25e-6}},
+              .algorithm = Algorithm::Hierarchical,
+              .baseline = 8,
+              .replicas = 256,
+              .published = 0.90,
+              .inputs = "b=32, 138 img/s/GPU, 8/node NVLink 20 GB/s, 50GbE, hierarchical, 25 MB buckets"};
+  setups.push_back(goyal);
+  // Horovod (Sergeev & Del Balso 2018; docs/benchmarks): tf_cnn_benchmarks at
+  // 64 images per GPU, 4 P100 per server (PCIe), RoCE 25 Gbit/s, NCCL ring,
+  // tensor fusion 64 MB. One P100's throughput from TensorFlow's published
+  // benchmarks: Inception V3 142, VGG-16 144, ResNet-50 219 img/s; ResNet-101
+  // scaled from ResNet-50 by FLOPs.
+  const Topology horovod{.per_node = 4, .intra = {10e9, 5e-6}, .inter = {25 * kGbit, 10e-6}};
+  const ModelSpec r50 = cnn_model("resnet50"), r101 = cnn_model("resnet101");
+  auto hv = [&](std::string name, ModelSpec spec, double ips, int n, double published) {
+    Setup s{.name = "Horovod, " + name + ", " + std::to_string(n) + " P100",
+            .spec = std::move(spec),
+            .images_per_s = ips,
+            .micro_batch = 64,
+            .topology = horovod,
+            .algorithm = Algorithm::Ring,
+            .first_bucket_mb = 64,
+            .bucket_mb = 64,
+            .baseline = 1,
+            .replicas = n,
+            .published = published,
+            .inputs = strf("b=64, %.0f img/s/GPU, 4/node PCIe 10 GB/s, 25GbE RoCE, ring, 64 MB fusion", ips)};
+    setups.push_back(std::move(s));
+  };
+  const double r101_ips = 219 * r50.flops_per_sample() / r101.flops_per_sample();
+  hv("Inception V3", cnn_model("inception3"), 142, 128, 0.89);
+  hv("ResNet-101", r101, r101_ips, 128, 0.89);
+  hv("VGG-16", cnn_model("vgg16"), 144, 128, 0.79);
+  hv("Inception V3", cnn_model("inception3"), 142, 512, 0.90);
+  hv("ResNet-101", r101, r101_ips, 512, 0.90);
+  hv("VGG-16", cnn_model("vgg16"), 144, 512, 0.68);
+  // PyTorch DDP (Li et al. 2020): ResNet-50 at 32 per GPU, 0.097 s per step on
+  // one V100 and 0.104 s on 16 (two servers of 8 with NVLink, NCCL, 25 MB
+  // buckets); the inter-server link is taken as 100 Gbit/s.
+  Setup ddp{.name = "PyTorch DDP, ResNet-50, 16 V100 vs 1",
+            .spec = r50,
+            .images_per_s = 32 / 0.097,
+            .micro_batch = 32,
+            .topology = {.per_node = 8, .intra = {100e9, 5e-6}, .inter = {100 * kGbit, 5e-6}},
+            .algorithm = Algorithm::Ring,
+            .first_bucket_mb = 1,
+            .bucket_mb = 25,
+            .baseline = 1,
+            .replicas = 16,
+            .published = 0.097 / 0.104,
+            .inputs = "b=32, 0.097 s/step on 1 GPU, 8/node NVLink 100 GB/s, 100 Gbit/s, ring, 25 MB buckets"};
+  setups.push_back(ddp);
+
+  std::vector<PublishedCase> out;
+  for (const Setup& s : setups) {
+    PublishedCase c{.name = s.name, .inputs = s.inputs, .published = s.published};
+    c.predicted = efficiency(s, s.bucket_mb);
+    c.predicted_no_overlap = efficiency(s, 0);
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string published_table(const std::vector<PublishedCase>& cases) {
+  std::string t = strf("%-46s %9s %9s %6s %12s\n", "case", "published", "predicted", "diff", "no overlap");
+  for (const PublishedCase& c : cases)
+    t += strf("%-46s %9.2f %9.2f %+6.2f %12.2f\n", c.name.c_str(), c.published, c.predicted,
+              c.predicted - c.published, c.predicted_no_overlap);
+  t += "\ninputs:\n";
+  for (const PublishedCase& c : cases) t += "  " + c.name + ": " + c.inputs + "\n";
+  return t;
+}
+
+}  // namespace lockstep::cost

@@ -1,0 +1,101 @@
+// The plan as a table a person reads (lockstep/cost/render.h).
+#include <string>
+
+#include "format.h"
+#include "lockstep/cost/render.h"
+
+namespace lockstep::cost {
+namespace {
+
+using detail::bytes_text;
+using detail::strf;
+
+std::string link_text(const Link& l) {
+  const double gbit = l.bytes_per_second * 8 / 1e9;
+  return strf("%.4g Gbit/s, %.3g us", gbit, l.latency_s * 1e6);
+}
+
+// Wraps at ~100 columns with a hanging indent.
+std::string wrap(const std::string& text, const std::string& indent) {
+  std::string out, line;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t sp = text.find(' ', pos);
+    if (sp == std::string::npos) sp = text.size();
+    const std::string word = text.substr(pos, sp - pos);
+    if (!line.empty() && line.size() + 1 + word.size() > 100 - indent.size()) {
+      out += indent + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    pos = sp + 1;
+  }
+  if (!line.empty()) out += indent + line + "\n";
+  return out;
+}
+
+}  // namespace
+
+std::string plan_table(const Plan& plan) {
+  const PlanOptions& o = plan.options;
+  const StepOptions& s = o.step;
+  std::string t = strf("lockstep plan: %s, %s of gradients, %.3g ms compute per step at micro-batch %lld\n",
+                       plan.model.c_str(), bytes_text(plan.profile.param_bytes()).c_str(),
+                       plan.rows.empty() ? 0.0 : plan.rows.front().step.compute_ms, (long long)s.micro_batch);
+  t += strf("device %s (%.3g GFLOP/s achieved, %s); ", o.device.name.c_str(), o.device.flops / 1e9,
+            bytes_text(o.device.memory_bytes).c_str());
+  if (s.topology.per_node > 1)
+    t += strf("%d per node on %s, nodes on %s", s.topology.per_node, link_text(s.topology.intra).c_str(),
+              link_text(s.topology.inter).c_str());
+  else
+    t += "link " + link_text(s.topology.inter);
+  t += strf("\nall-reduce %s, buckets %.3g/%.3g MiB%s, accumulate %lld, %s, %.3g per device-hour",
+            to_string(s.algorithm), s.first_bucket_mb, s.bucket_mb, s.bf16 ? ", bf16" : "",
+            (long long)s.accumulate, to_string(o.optimizer), o.price_per_device_hour);
+  if (o.critical_batch > 0) t += strf(", critical batch %.0f", o.critical_batch);
+  t += "\n\n";
+  t +=
+      strf("%8s %10s %10s %9s %10s %10s %11s %14s %13s  %s\n", "replicas", "step_ms", "compute_ms", "comm_ms",
+           "exposed_ms", "efficiency", "samples/s", "cost/M samples", "memory/device", "limited by");
+  for (const PlanRow& r : plan.rows)
+    t += strf("%8d %10.3f %10.3f %9.3f %10.3f %10.3f %11.0f %14.4g %13s  %s\n", r.replicas, r.step.step_ms,
+              r.step.compute_ms, r.step.comm_ms, r.step.exposed_comm_ms, r.efficiency, r.samples_per_s,
+              r.cost_per_million_useful_samples, bytes_text(r.memory.total()).c_str(), to_string(r.bound));
+
+  if (!plan.alternatives.empty()) {
+    t += strf("\nAlternatives at %d replicas:\n", plan.alternatives.front().replicas);
+    t += strf("  %-22s %10s %10s %11s %14s %13s %12s  %s\n", "", "step_ms", "efficiency", "samples/s",
+              "cost/M samples", "memory/device", "comm/step", "");
+    for (const Alternative& a : plan.alternatives) {
+      const std::string fit = a.fits ? "" : " (does not fit)";
+      if (a.outline)
+        t += strf("  %-22s %10s %10s %11s %14s %13s %12s  %s%s\n", a.name.c_str(), "-",
+                  a.efficiency > 0 ? strf("~%.2f", a.efficiency).c_str() : "-", "-", "-",
+                  bytes_text(a.memory_bytes_per_device).c_str(), "-", a.detail.c_str(), fit.c_str());
+      else
+        t += strf("  %-22s %10.3f %10.3f %11.0f %14.4g %13s %12s  %s%s\n", a.name.c_str(), a.step_ms,
+                  a.efficiency, a.samples_per_s, a.cost_per_million_useful_samples,
+                  bytes_text(a.memory_bytes_per_device).c_str(), bytes_text(a.comm_bytes_per_step).c_str(),
+                  a.detail.c_str(), fit.c_str());
+    }
+  }
+
+  const Recommendation& rec = plan.recommendation;
+  t += "\nRecommendation:\n" + wrap(rec.summary, "  ");
+  if (!rec.ranked.empty()) {
+    t += strf("  What to do instead at %d replicas, cheapest per useful sample first:\n", rec.first_failing);
+    int i = 0;
+    for (const Alternative& a : rec.ranked) {
+      if (++i > 6) break;
+      if (a.outline)
+        t += strf("  %d. %s: %s%s\n", i, a.name.c_str(), a.detail.c_str(), a.fits ? "" : " (does not fit)");
+      else
+        t += strf("  %d. %-30s efficiency %.2f, %.4g per million samples, %.0f samples/s%s\n", i,
+                  a.name.c_str(), a.efficiency, a.cost_per_million_useful_samples, a.samples_per_s,
+                  a.fits ? "" : " (does not fit)");
+    }
+  }
+  return t;
+}
+
+}  // namespace lockstep::cost

@@ -1,0 +1,89 @@
+// One step's timeline under bucketed overlap (lockstep/cost/step_cost.h).
+//
+// Backward runs the layers last to first. With accumulation, the all-reduce
+// happens in the last micro-step only, so every earlier micro-step is pure
+// compute. The buckets are ddp::assign_buckets' own, over one tensor per
+// layer, so the plan and the trainer agree on what is launched when.
+#include "lockstep/cost/step_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "lockstep/ddp/reducer.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cost {
+
+StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
+  if (o.replicas < 1)
+    throw InvalidArgument("replicas must be at least 1, got " + std::to_string(o.replicas) + ".");
+  if (o.micro_batch < 1)
+    throw InvalidArgument("the micro-batch must be at least 1, got " + std::to_string(o.micro_batch) + ".");
+  if (o.accumulate < 1)
+    throw InvalidArgument("accumulate must be at least 1, got " + std::to_string(o.accumulate) + ".");
+  if (!(o.bucket_mb >= 0) || !(o.first_bucket_mb >= 0))
+    throw InvalidArgument("bucket sizes must be zero or positive MiB.");
+  if (profile.layers.empty() || profile.param_bytes() <= 0 || profile.micro_batch < 1)
+    throw InvalidArgument("the model has no parameters, so there is nothing to all-reduce.");
+
+  const double scale = double(o.micro_batch) / double(profile.micro_batch);
+  const std::size_t n = profile.layers.size();
+  StepPrediction s;
+  s.gradient_bytes = profile.param_bytes();
+  double fwd = 0, bwd = 0;
+  for (const auto& l : profile.layers) {
+    fwd += l.forward_ms * scale;
+    bwd += l.backward_ms * scale;
+  }
+  s.forward_ms = fwd * o.accumulate;
+  s.backward_ms = bwd * o.accumulate;
+  s.optimizer_ms = profile.optimizer_ms();
+  s.compute_ms = s.forward_ms + s.backward_ms + s.optimizer_ms;
+
+  // Gradient of layer i ready at: earlier micro-steps, the last forward, and
+  // backward from the last layer down to i.
+  const double last_backward_start = (o.accumulate - 1) * (fwd + bwd) + fwd;
+  std::vector<double> ready(n);
+  double t = last_backward_start;
+  for (std::size_t i = n; i-- > 0;) {
+    t += profile.layers[i].backward_ms * scale;
+    ready[i] = t;
+  }
+  const double backward_end = t;
+
+  std::vector<std::size_t> numels(n);
+  for (std::size_t i = 0; i < n; ++i)
+    numels[i] = static_cast<std::size_t>(std::llround(profile.layers[i].param_bytes / 4));
+  const auto mib = [](double mb) { return static_cast<std::size_t>(std::llround(mb * (1 << 20))); };
+  const auto buckets = ddp::assign_buckets(numels, mib(o.first_bucket_mb), mib(o.bucket_mb));
+
+  double stream_free = 0, largest = -1;
+  for (const auto& b : buckets) {
+    if (b.numel == 0) continue;
+    double bucket_ready = 0;
+    for (auto i : b.tensors) bucket_ready = std::max(bucket_ready, ready[i]);
+    // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
+    const double bytes = double(b.bytes()) * (o.bf16 ? 0.5 : 1.0);
+    const CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, o.algorithm, o.reduce_bytes_per_s);
+    BucketTime bt{.bytes = bytes, .ready_ms = bucket_ready};
+    bt.start_ms = std::max(bucket_ready, stream_free);
+    bt.end_ms = bt.start_ms + 1e3 * c.seconds;
+    stream_free = bt.end_ms;
+    s.comm_ms += 1e3 * c.seconds;
+    s.alpha_ms += 1e3 * c.alpha_s;
+    s.beta_ms += 1e3 * c.beta_s;
+    s.gamma_ms += 1e3 * c.gamma_s;
+    s.bytes_sent += c.bytes_sent;
+    if (bytes > largest) {
+      largest = bytes;
+      s.algorithm = c.algorithm;
+    }
+    s.buckets.push_back(bt);
+  }
+  s.exposed_comm_ms = std::max(0.0, stream_free - backward_end);
+  s.step_ms = s.compute_ms + s.exposed_comm_ms;
+  return s;
+}
+
+}  // namespace lockstep::cost

@@ -1,0 +1,118 @@
+// The advisor's choices on constructed cases.
+#include <gtest/gtest.h>
+
+#include "lockstep/cost/plan.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cost {
+namespace {
+
+// `bytes` of gradients as a uniform stream over `compute_ms` of compute.
+Profile uniform(double bytes, double compute_ms) {
+  Profile p{.model = "uniform", .micro_batch = 32, .step_compute_ms = compute_ms};
+  for (int i = 0; i < 16; ++i)
+    p.layers.push_back({std::to_string(i), bytes / 16, compute_ms / 3 / 16, 2 * compute_ms / 3 / 16});
+  return p;
+}
+
+PlanOptions options(std::vector<int> replicas, Link link) {
+  PlanOptions o{.replicas = std::move(replicas)};
+  o.step.micro_batch = 32;
+  o.step.topology.inter = link;
+  o.step.algorithm = Algorithm::Ring;
+  o.device = {.name = "test", .flops = 1e12, .memory_bytes = 16e9, .memory_bandwidth = 1e12};
+  return o;
+}
+
+TEST(Advisor, LatencyBoundSmallModel) {
+  // 40 KB of gradients, 1 ms of compute, 1 ms per message: 2(N-1) messages.
+  const Plan plan = make_plan(uniform(40e3, 1), options({1, 2, 64}, {100e9, 1e-3}));
+  EXPECT_EQ(plan.recommendation.max_replicas, 1);
+  EXPECT_EQ(plan.recommendation.first_failing, 2);
+  EXPECT_EQ(plan.recommendation.why, Bound::Latency);
+  EXPECT_NE(plan.recommendation.why_text.find("latency"), std::string::npos);
+  EXPECT_EQ(plan.rows.back().bound, Bound::Latency);
+  // Accumulating amortises the latency; it must beat the plain run at 2.
+  bool accumulate_ahead = false;
+  for (const Alternative& a : plan.recommendation.ranked) {
+    if (a.name.starts_with("--accumulate")) accumulate_ahead = true;
+    if (a.name.starts_with("--compress")) break;
+  }
+  EXPECT_TRUE(accumulate_ahead);
+}
+
+TEST(Advisor, BandwidthBoundLargeModel) {
+  // 1 GB of gradients, 100 ms of compute, 1 GB/s: ~2 s of all-reduce.
+  const Plan plan = make_plan(uniform(1e9, 100), options({1, 2, 4, 8}, {1e9, 1e-6}));
+  EXPECT_EQ(plan.recommendation.first_failing, 2);
+  EXPECT_EQ(plan.recommendation.why, Bound::Bandwidth);
+  ASSERT_FALSE(plan.recommendation.ranked.empty());
+  // The cheapest remedy grows compute per byte communicated: a bigger micro-batch or accumulation.
+  const std::string best = plan.recommendation.ranked.front().name;
+  EXPECT_TRUE(best.starts_with("raise --micro-batch") || best.starts_with("--accumulate") ||
+              best.starts_with("stop at"))
+      << best;
+  bool has_bf16 = false;
+  for (const Alternative& a : plan.recommendation.ranked) has_bf16 |= a.name == "--compress bf16";
+  EXPECT_TRUE(has_bf16);
+}
+
+TEST(Advisor, ModelTooLargeForDeviceMemory) {
+  // 1e9 parameters with AdamW: 4 + 4 + 8 GB > 16 GB with activations.
+  PlanOptions o = options({1, 8}, {12.5e9, 5e-6});
+  o.optimizer = Optimizer::AdamW;
+  Profile p = uniform(4e9, 1000);
+  p.activation_bytes_per_sample = 50e6;
+  const Plan plan = make_plan(p, o);
+  EXPECT_FALSE(plan.rows.front().fits);
+  EXPECT_EQ(plan.recommendation.why, Bound::Memory);
+  EXPECT_EQ(plan.recommendation.max_replicas, 0);
+  ASSERT_FALSE(plan.recommendation.ranked.empty());
+  const Alternative& best = plan.recommendation.ranked.front();
+  EXPECT_TRUE(best.name.starts_with("ZeRO")) << best.name;
+  EXPECT_TRUE(best.fits);
+  EXPECT_NE(plan.recommendation.summary.find("does not pay"), std::string::npos);
+}
+
+TEST(Advisor, BatchPastTheCriticalBatch) {
+  PlanOptions o = options({1, 2, 4, 8}, {1e12, 0});
+  o.critical_batch = 256;
+  const Plan plan = make_plan(uniform(1e6, 10), o);
+  // (b + B) / (N b + B) with b = 32: 0.9 at 2, 0.75 at 4.
+  EXPECT_NEAR(plan.rows[1].statistical_efficiency, 288.0 / 320, 1e-12);
+  EXPECT_EQ(plan.recommendation.max_replicas, 2);
+  EXPECT_EQ(plan.recommendation.why, Bound::Statistical);
+  ASSERT_FALSE(plan.recommendation.ranked.empty());
+  EXPECT_EQ(plan.recommendation.ranked.front().name, "stop at 2 replicas");
+}
+
+TEST(Advisor, ExposedTailWhenTheFirstLayerIsReadyLast) {
+  // One big first layer, ready when backward ends; everything else is small.
+  Profile p{.model = "tail", .micro_batch = 32, .step_compute_ms = 10};
+  p.layers = {{"embedding", 8e6, 0.1, 0.1}, {"body", 1e5, 3, 6.7}};
+  PlanOptions o = options({1, 4}, {10e9, 1e-6});
+  o.min_efficiency = 0.95;
+  const Plan plan = make_plan(p, o);
+  EXPECT_EQ(plan.recommendation.why, Bound::ExposedTail);
+}
+
+TEST(Advisor, EverythingPaysOnAFastLink) {
+  const Plan plan = make_plan(uniform(1e6, 100), options({1, 2, 4}, {100e9, 1e-6}));
+  EXPECT_EQ(plan.recommendation.max_replicas, 4);
+  EXPECT_EQ(plan.recommendation.first_failing, 0);
+  EXPECT_NE(plan.recommendation.summary.find("pays at every listed count"), std::string::npos);
+}
+
+TEST(Advisor, BadOptionsAreRejected) {
+  PlanOptions o = options({}, {1e9, 0});
+  EXPECT_THROW(make_plan(uniform(1e6, 1), o), InvalidArgument);
+  o = options({1, 2}, {1e9, 0});
+  o.min_efficiency = 1.5;
+  EXPECT_THROW(make_plan(uniform(1e6, 1), o), InvalidArgument);
+  o.min_efficiency = 0.8;
+  o.price_per_device_hour = -1;
+  EXPECT_THROW(make_plan(uniform(1e6, 1), o), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::cost

@@ -1,0 +1,151 @@
+// The step model: hand-computed timelines, fully hidden and fully exposed
+// cases, and the monotonicity the model must have.
+#include "lockstep/cost/step_cost.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "lockstep/cost/models.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cost {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+
+// A flat 1 GB/s link with no latency: an all-reduce of P over 2 replicas
+// (ring) takes exactly P/1e9 seconds.
+StepOptions two_replicas() {
+  return {.replicas = 2, .micro_batch = 1, .topology = {.inter = {1e9, 0}}, .algorithm = Algorithm::Ring};
+}
+
+Profile two_layers(double first_bytes, double first_bwd_ms, double last_bytes, double last_bwd_ms) {
+  return {.model = "two layers",
+          .layers = {{"first", first_bytes, 1.0, first_bwd_ms}, {"last", last_bytes, 1.0, last_bwd_ms}},
+          .micro_batch = 1,
+          .step_compute_ms = 2 + first_bwd_ms + last_bwd_ms + 0.5};
+}
+
+TEST(StepCost, HandComputedTimeline) {
+  // Backward: last (2 ms) then first (3 ms). The last layer's 4 MiB (bucket 0,
+  // closes at the 1 MiB first-bucket cap) is ready at 2 + 2 = 4 ms and takes
+  // 4.194 ms; the first layer's 8 MiB (bucket 1) is ready at 7 ms and starts
+  // when the stream frees at 8.194 ms, ending at 16.583 ms. Backward ends at 7 ms.
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const StepPrediction s = predict_step(p, two_replicas());
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_NEAR(s.buckets[0].ready_ms, 4, 1e-9);
+  EXPECT_NEAR(s.buckets[0].end_ms, 4 + 4 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.buckets[1].ready_ms, 7, 1e-9);
+  EXPECT_NEAR(s.buckets[1].start_ms, s.buckets[0].end_ms, 1e-9);
+  EXPECT_NEAR(s.comm_ms, 12 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.exposed_comm_ms, 4 + 12 * kMiB / 1e6 - 7, 1e-9);
+  EXPECT_NEAR(s.compute_ms, 7.5, 1e-9);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + s.exposed_comm_ms, 1e-9);
+  EXPECT_NEAR(s.gradient_bytes, 12 * kMiB, 1e-6);
+}
+
+TEST(StepCost, FullyHidden) {
+  // A big last layer ready first, and a long backward of a tiny first layer:
+  // 4 MiB takes 4.19 ms, the first layer's backward 10 ms; only the tiny
+  // bucket's 1 KB (1 us) sticks out.
+  const Profile p = two_layers(1000, 10, 4 * kMiB, 1);
+  const StepPrediction s = predict_step(p, two_replicas());
+  EXPECT_NEAR(s.exposed_comm_ms, 1000 / 1e6, 1e-9);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + 0.001, 1e-9);
+}
+
+TEST(StepCost, FullyExposedWithOneBucket) {
+  StepOptions o = two_replicas();
+  o.bucket_mb = 0;
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 1u);
+  EXPECT_NEAR(s.exposed_comm_ms, s.comm_ms, 1e-9);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + 12 * kMiB / 1e6, 1e-9);
+}
+
+TEST(StepCost, OneReplicaNeverCommunicates) {
+  StepOptions o = two_replicas();
+  o.replicas = 1;
+  const StepPrediction s = predict_step(two_layers(8 * kMiB, 3, 4 * kMiB, 2), o);
+  EXPECT_DOUBLE_EQ(s.comm_ms, 0);
+  EXPECT_DOUBLE_EQ(s.step_ms, s.compute_ms);
+}
+
+TEST(StepCost, Bf16HalvesTheBytes) {
+  StepOptions o = two_replicas();
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const double full = predict_step(p, o).comm_ms;
+  o.bf16 = true;
+  EXPECT_NEAR(predict_step(p, o).comm_ms, full / 2, 1e-9);
+}
+
+Profile mlp_on_cpu(std::int64_t micro_batch) {
+  return profile_from_spec(mlp_model(784, {512, 512}, 10), device_preset("cpu"), micro_batch, 5);
+}
+
+TEST(StepCost, MoreBandwidthNeverSlowsAStep) {
+  for (int n : {2, 3, 8, 33})
+    for (double bucket : {0.0, 1.0, 25.0}) {
+      double last = INFINITY;
+      for (double bw = 1e7; bw < 1e12; bw *= 2) {
+        StepOptions o{
+            .replicas = n, .micro_batch = 32, .topology = {.inter = {bw, 50e-6}}, .bucket_mb = bucket};
+        const double step = predict_step(mlp_on_cpu(32), o).step_ms;
+        EXPECT_LE(step, last * (1 + 1e-12)) << n << " replicas, " << bw << " B/s";
+        last = step;
+      }
+    }
+}
+
+TEST(StepCost, MoreComputePerStepRaisesEfficiency) {
+  const Profile p = mlp_on_cpu(32);
+  StepOptions o{.replicas = 8, .topology = {.inter = {1.25e9, 50e-6}}};
+  double last = 0;
+  for (std::int64_t b : {1, 4, 16, 64, 256, 1024}) {
+    o.micro_batch = b;
+    StepOptions one = o;
+    one.replicas = 1;
+    const double efficiency = predict_step(p, one).step_ms / predict_step(p, o).step_ms;
+    EXPECT_GE(efficiency, last - 1e-12) << b;
+    last = efficiency;
+  }
+  EXPECT_GT(last, 0.8);
+}
+
+TEST(StepCost, CommunicationDoesNotDependOnTheMicroBatch) {
+  const Profile p = mlp_on_cpu(32);
+  StepOptions o{.replicas = 8, .topology = {.inter = {1.25e9, 50e-6}}};
+  o.micro_batch = 8;
+  const StepPrediction small = predict_step(p, o);
+  o.micro_batch = 512;
+  const StepPrediction large = predict_step(p, o);
+  EXPECT_DOUBLE_EQ(small.comm_ms, large.comm_ms);
+  EXPECT_DOUBLE_EQ(small.bytes_sent, large.bytes_sent);
+  EXPECT_NEAR(large.forward_ms, 64 * small.forward_ms, 1e-9);
+}
+
+TEST(StepCost, AccumulationCommunicatesOncePerStep) {
+  const Profile p = mlp_on_cpu(32);
+  StepOptions o{.replicas = 8, .micro_batch = 32, .topology = {.inter = {1.25e9, 50e-6}}};
+  const StepPrediction one = predict_step(p, o);
+  o.accumulate = 4;
+  const StepPrediction four = predict_step(p, o);
+  EXPECT_DOUBLE_EQ(four.comm_ms, one.comm_ms);
+  EXPECT_NEAR(four.forward_ms, 4 * one.forward_ms, 1e-9);
+  EXPECT_NEAR(four.exposed_comm_ms, one.exposed_comm_ms, 1e-9);  // overlap only in the last backward
+}
+
+TEST(StepCost, BadOptionsAreRejected) {
+  const Profile p = mlp_on_cpu(32);
+  EXPECT_THROW(predict_step(p, {.replicas = 0}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.micro_batch = 0}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.accumulate = 0}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.bucket_mb = -1}), InvalidArgument);
+  EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockstep::cost
