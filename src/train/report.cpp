@@ -52,8 +52,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
   std::snprintf(
-      line, sizeof line, "  buckets      %zu (first %.3g MiB, then %.3g MiB)%s%s%s\n", r.buckets.size(),
-      c.first_bucket_mb, c.bucket_mb, c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
+      line, sizeof line, "  buckets      %zu (first %.3g MiB, then %.3g MiB), all-reduced %s%s%s%s\n",
+      r.buckets.size(), c.first_bucket_mb, c.bucket_mb,
+      r.overlapped ? "during backward" : "after backward (in-process: see --overlap)",
+      c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
       c.link.enabled() ? ", modelled link " : "", c.link.enabled() ? c.link.describe().c_str() : "");
   s += line;
   std::snprintf(line, sizeof line,

@@ -142,3 +142,89 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
 }
 
 }  // namespace
+
+namespace {
+
+// The timeline flags end to end: a trace that parses with the expected
+// events, and an SVG of the chosen step; on a modelled link, with buckets.
+TEST(Cli, TraceAndTimelineAreWritten) {
+  const fs::path dir = make_data_dir("cli_trace");
+  const fs::path trace = dir / "run.json", svg = dir / "step.svg";
+  const CliRun r =
+      run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 16,16 --steps 3 " +
+          "--link-bandwidth 1Gbit --link-latency 20us --first-bucket-mb 0.0001 --bucket-mb 0.001 " +
+          "--trace " + trace.string() + " --timeline-svg " + svg.string() + " --timeline-step 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("all-reduced during backward, modelled link 1 Gbit/s, 20 us"), std::string::npos)
+      << r.output;
+  std::ifstream in(trace);
+  const auto j = nlohmann::json::parse(in);
+  std::size_t allreduce = 0, backward = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string cat = e["cat"];
+    allreduce += cat == "allreduce";
+    backward += cat == "backward";
+  }
+  EXPECT_EQ(backward, 2u * 3u * 5u);   // replicas x steps x layers
+  EXPECT_GE(allreduce, 2u * 3u * 2u);  // at least two buckets per step
+  std::ifstream s(svg);
+  const std::string text((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("<svg", 0), 0u);
+  EXPECT_NE(text.find("step 1"), std::string::npos);
+  EXPECT_NE(text.find("</svg>"), std::string::npos);
+}
+
+TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
+  const fs::path dir = make_data_dir("cli_flags");
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 ";
+  const CliRun bw = run(common + "--link-bandwidth 10");
+  EXPECT_EQ(bw.code, 2);
+  EXPECT_NE(bw.output.find("10Gbit"), std::string::npos) << bw.output;
+  EXPECT_EQ(run(common + "--link-latency fast").code, 2);
+  EXPECT_EQ(run(common + "--ragged mean").code, 2);
+  EXPECT_EQ(run(common + "--accumulate 0").code, 2);
+  EXPECT_EQ(run(common + "--compress fp8").code, 2);
+  EXPECT_EQ(run(common + "--timeline-step 3").code, 2);
+  const CliRun past = run(common + "--timeline-svg " + (dir / "x.svg").string() + " --timeline-step 5");
+  EXPECT_EQ(past.code, 2);
+  EXPECT_NE(past.output.find("past the run's last step"), std::string::npos) << past.output;
+  EXPECT_EQ(run(common + "--trace /nonexistent/dir/t.json").code, 2);
+}
+
+TEST(Cli, AccumulateIsInTheSummary) {
+  const fs::path dir = make_data_dir("cli_accumulate");
+  const CliRun r =
+      run("train --data " + dir.string() + " --replicas 2 --micro-batch 4 --accumulate 3 --steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 replicas x 4 x 3 accumulated micro-steps = effective batch 24"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Cli, DemoRaggedShowsWeightedIsExactAndPlainIsNot) {
+  const fs::path data = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(data)) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  const CliRun r = run("demo ragged");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto error_of = [&](const std::string& label) {
+    const auto pos = r.output.find("  " + label);
+    EXPECT_NE(pos, std::string::npos) << r.output;
+    const auto line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+    const auto e = line.find("e-");
+    return std::stod(line.substr(line.rfind(' ', e) + 1));
+  };
+  EXPECT_GT(error_of("plain"), 1e-2);
+  EXPECT_LT(error_of("weighted"), 1e-5);
+  EXPECT_LT(error_of("pad"), 1e-5);
+}
+
+TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
+  const CliRun r = run("plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("replicas"), std::string::npos);
+  EXPECT_NE(r.output.find("Recommendation"), std::string::npos) << r.output;
+  EXPECT_EQ(run("plan --link-bandwidth fast").code, 2);
+}
+
+}  // namespace
