@@ -189,7 +189,8 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
   cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--model", c.model, "Model")->check(CLI::IsMember({"mlp"}));
+  cmd->add_option("--model", c.model, "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
   cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
   cmd->add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"sgd", "adamw"}));
   flags->lr_option =

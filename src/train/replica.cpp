@@ -30,9 +30,9 @@ class Recorder {
  public:
   Recorder(bool keep, int replica, Clock::time_point t0) : keep_(keep), replica_(replica), t0_(t0) {}
   void add(Track track, Phase phase, std::int64_t step, std::string name, Clock::time_point a,
-           Clock::time_point b, std::uint64_t bytes = 0) {
+           Clock::time_point b, std::uint64_t bytes = 0, int layer = -1) {
     if (!keep_) return;
-    events_.push_back({replica_, track, phase, step, std::move(name), us(a), us(b), bytes});
+    events_.push_back({replica_, track, phase, step, std::move(name), us(a), us(b), bytes, layer});
   }
   std::vector<TimelineEvent> take() { return std::move(events_); }
 
@@ -59,6 +59,7 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
   const std::int64_t begin = test.size * r / n, end = test.size * (r + 1) / n;
   const std::int64_t chunk = 256, features = test.features;
   double tally[2] = {0, 0};  // correct, count
+  model.set_training(false);  // dropout off, batch norm on its running statistics
   for (std::int64_t i = begin; i < end; i += chunk) {
     const std::int64_t b = std::min(chunk, end - i);
     auto x = std::span<const float>(test.inputs).subspan(i * features, b * features);
@@ -68,6 +69,7 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
     tally[0] += double(s.correct);
     tally[1] += double(b);
   }
+  model.set_training(true);
   allreduce_tallies(comm, tally);
   return tally[0] / tally[1];
 }
@@ -111,13 +113,16 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.overlapped =
       c.overlap == Overlap::On || (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr);
   std::vector<std::string> layer_names;
-  for (std::size_t i = 0; i < model->layer_count(); ++i) layer_names.push_back(model->layer(i).describe());
+  for (std::size_t i = 0; i < model->layer_count(); ++i) {
+    layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
+  }
   Recorder recorder(c.record_timeline, rank, s.t0);
 
   const std::int64_t features = train.features, classes = train.num_classes;
   const std::int64_t shard_capacity = c.micro_batch * c.accumulate;  // the sampler's micro-batch
   std::vector<float> x(static_cast<std::size_t>(shard_capacity * features + features));
   std::vector<std::int32_t> y(static_cast<std::size_t>(shard_capacity + 1));
+  std::vector<std::int64_t> sample_ids(static_cast<std::size_t>(shard_capacity + 1));
   std::vector<float> dlogits(static_cast<std::size_t>((shard_capacity + 1) * classes));
   std::vector<std::int64_t> order;
   double window[2] = {0, 0};  // loss sum, samples since the last report
@@ -147,7 +152,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const std::int64_t idx = order[static_cast<std::size_t>(shard.begin + i)];
       std::memcpy(&x[i * features], train.input(idx).data(), features * sizeof(float));
       y[i] = train.labels[idx];
+      sample_ids[i] = idx;
     }
+    for (std::int64_t i = b; i < rows; ++i) sample_ids[i] = train.size + i;  // padding: masked anyway
     if (rows > b) {
       std::fill(x.begin() + b * features, x.begin() + rows * features, 0.0f);
       std::fill(y.begin() + b, y.begin() + rows, 0);
@@ -160,12 +167,17 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
       const bool last = k == c.accumulate - 1;
       auto t = Clock::now();
-      auto logits =
-          model->forward(std::span<const float>(&x[lo * features], m * features), m, [&](std::size_t layer) {
+      // Random streams (dropout) are keyed by the global sample index, never by rank.
+      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m)};
+      auto logits = model->forward(
+          std::span<const float>(&x[lo * features], m * features), m,
+          [&](std::size_t layer) {
             const auto done = Clock::now();
-            recorder.add(Track::Compute, Phase::Forward, step, "forward " + layer_names[layer], t, done);
+            recorder.add(Track::Compute, Phase::Forward, step, "forward " + layer_names[layer], t, done, 0,
+                         int(layer));
             t = done;
-          });
+          },
+          ctx);
       const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
       auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(),
                                             b > 0 ? 1.0f / float(b) : 0.0f);
@@ -179,7 +191,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                       [&](std::size_t layer) {
                         const auto done = Clock::now();
                         recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
-                                     t, done);
+                                     t, done, 0, int(layer));
                         t = t_backward_end = done;
                         if (!last) return;
                         const auto range = model->layer_tensors(layer);

@@ -73,6 +73,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        human_bytes(received) +
        "), 0 B after; activations: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) +
        "\n";
+  if (!r.buffer_layout.tensors().empty()) {
+    s += "  buffers      " + std::to_string(r.buffer_layout.numel()) + " floats per replica (";
+    for (std::size_t i = 0; i < r.buffer_layout.tensors().size(); ++i) {
+      s += (i ? ", " : "") + r.buffer_layout.tensors()[i].name;
+    }
+    s += "): each replica updates its own from its own micro-batches; never communicated\n";
+  }
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {

@@ -22,7 +22,13 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.steps < 0 || (c.steps == 0 && c.epochs < 1)) {
     throw InvalidArgument("give a positive number of --epochs or --steps");
   }
-  if (c.model != "mlp") throw InvalidArgument("unknown --model '" + c.model + "'; the choices are: mlp");
+  if (c.model != "mlp" && c.model != "cnn") {
+    throw InvalidArgument("unknown --model '" + c.model + "'; the choices are: mlp, cnn");
+  }
+  if (c.model == "cnn" && data.train.features != 28 * 28) {
+    throw InvalidArgument("--model cnn takes 28x28 single-channel images; this data set has " +
+                          std::to_string(data.train.features) + " features per sample");
+  }
   if (c.optimizer != "sgd" && c.optimizer != "adamw") {
     throw InvalidArgument("unknown --optimizer '" + c.optimizer + "'; the choices are: sgd, adamw");
   }
@@ -65,6 +71,7 @@ Ragged ragged_from_string(std::string_view name) {
 
 std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features,
                                       std::int64_t classes) {
+  if (config.model == "cnn") return nn::make_cnn(1, 28, 28, classes);
   return nn::make_mlp(features, config.hidden, classes);
 }
 
@@ -175,6 +182,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   res.overlapped = o.overlapped;
   res.model_description = probe->describe();
   res.layout = probe->layout();
+  res.buffer_layout = probe->buffer_layout();
   res.params = o.params;
   return res;
 }

@@ -31,6 +31,7 @@ struct TimelineEvent {
   std::string name;  // e.g. "backward 2.weight", "allreduce bucket 0"
   double start_us = 0, end_us = 0;
   std::uint64_t bytes = 0;  // Allreduce: bytes this replica sent for it
+  std::int32_t layer = -1;  // Forward/Backward: the model's layer index
 };
 
 const char* to_string(Phase phase);

@@ -126,6 +126,7 @@ struct TrainResult {
   std::vector<TimelineEvent> timeline;  // every replica's, if config.record_timeline
   std::string model_description, optimizer_description;
   nn::Layout layout;
+  nn::Layout buffer_layout;  // e.g. batch norm running statistics; kept per replica
   std::vector<float> params;  // replica 0's final weights
 };
 
