@@ -1,13 +1,16 @@
 // `lockstep train`: flags -> TrainConfig -> train() -> summary, report, weights.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "commands.h"
+#include "lockstep/cost/profile.h"
 #include "lockstep/error.h"
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/report.h"
@@ -27,7 +30,7 @@ struct TrainFlags {
   std::string compress = "none";
   std::string overlap = "auto";
   std::string link_bandwidth, link_latency;
-  std::string trace_file, svg_file;
+  std::string trace_file, svg_file, profile_file;
   std::int64_t svg_step = -1;
   double timeout_s = 60;
   bool normalize = false;
@@ -62,6 +65,36 @@ void write_atomically(const std::string& path, const std::string& text, const ch
     }
   }
   std::filesystem::rename(tmp, path);
+}
+
+// Per-layer forward and backward times of this run (medians over every
+// replica and step but the first), for `lockstep plan --profile`.
+cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r) {
+  std::map<int, std::vector<double>> forward, backward;
+  for (const auto& e : r.timeline) {
+    if (e.layer < 0 || e.step == 0) continue;
+    (e.phase == train::Phase::Forward ? forward : backward)[e.layer].push_back((e.end_us - e.start_us) /
+                                                                               1000);
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  cost::Profile p;
+  p.model = r.model_description;
+  p.replicas = int(r.replicas);
+  p.micro_batch = r.micro_batch;
+  p.step_compute_ms = r.times.compute_ms;
+  const int layers = forward.empty() ? 0 : forward.rbegin()->first + 1;
+  for (int i = 0; i < layers; ++i) {
+    cost::LayerCost l{std::to_string(i), 0, median(forward[i]), median(backward[i])};
+    const std::string prefix = std::to_string(i) + ".";
+    for (const auto& t : r.layout.tensors())
+      if (t.name.rfind(prefix, 0) == 0) l.param_bytes += double(t.numel * sizeof(float));
+    p.layers.push_back(l);
+  }
+  return p;
 }
 
 class ProgressPrinter {
@@ -103,13 +136,14 @@ int run_train(TrainFlags& f) {
                                    : train::Overlap::Auto;
   if (!f.link_bandwidth.empty()) c.link.bytes_per_second = comm::parse_bandwidth(f.link_bandwidth);
   if (!f.link_latency.empty()) c.link.latency = comm::parse_latency(f.link_latency);
-  c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty();
+  c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty() || !f.profile_file.empty();
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   check_writable(f.save_file, "--save");
   check_writable(f.report_file, "--report");
   check_writable(f.trace_file, "--trace");
   check_writable(f.svg_file, "--timeline-svg");
+  check_writable(f.profile_file, "--profile");
   if (f.svg_step >= 0 && f.svg_file.empty())
     throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
 
@@ -137,6 +171,10 @@ int run_train(TrainFlags& f) {
     train::write_chrome_trace(f.trace_file, result.timeline, c.replicas);
     if (!f.quiet)
       std::fprintf(stderr, "trace: %s (open it in https://ui.perfetto.dev)\n", f.trace_file.c_str());
+  }
+  if (!f.profile_file.empty()) {
+    write_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result)), "the profile");
+    if (!f.quiet) std::fprintf(stderr, "profile for lockstep plan --profile: %s\n", f.profile_file.c_str());
   }
   if (!f.svg_file.empty()) {
     // Default: the last step, when everything has warmed up.
@@ -189,7 +227,8 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
   cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--model", c.model, "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
+  cmd->add_option("--model", c.model,
+                  "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
   cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
   cmd->add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"sgd", "adamw"}));
@@ -237,6 +276,9 @@ Action add_train_command(CLI::App& app) {
       "spans; open it in Perfetto");
   cmd->add_option("--timeline-svg", flags->svg_file,
                   "Draw one step's timeline (replicas x compute/communication) as an SVG file");
+  cmd->add_option(
+      "--profile", flags->profile_file,
+      "Write per-layer parameter bytes and forward/backward times (JSON) for lockstep plan --profile");
   cmd->add_option("--timeline-step", flags->svg_step, "The step --timeline-svg draws (default: the last)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--data", flags->data_dir,

@@ -58,7 +58,7 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
   const std::int64_t n = comm.size(), r = comm.rank();
   const std::int64_t begin = test.size * r / n, end = test.size * (r + 1) / n;
   const std::int64_t chunk = 256, features = test.features;
-  double tally[2] = {0, 0};  // correct, count
+  double tally[2] = {0, 0};   // correct, count
   model.set_training(false);  // dropout off, batch norm on its running statistics
   for (std::int64_t i = begin; i < end; i += chunk) {
     const std::int64_t b = std::min(chunk, end - i);
@@ -168,7 +168,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const bool last = k == c.accumulate - 1;
       auto t = Clock::now();
       // Random streams (dropout) are keyed by the global sample index, never by rank.
-      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m)};
+      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step),
+                                   std::span(sample_ids).subspan(lo, m)};
       auto logits = model->forward(
           std::span<const float>(&x[lo * features], m * features), m,
           [&](std::size_t layer) {

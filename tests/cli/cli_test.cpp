@@ -219,6 +219,24 @@ TEST(Cli, DemoRaggedShowsWeightedIsExactAndPlainIsNot) {
   EXPECT_LT(error_of("pad"), 1e-5);
 }
 
+TEST(Cli, TrainProfileFeedsPlan) {
+  const fs::path dir = make_data_dir("cli_profile");
+  const fs::path profile = dir / "profile.json";
+  const CliRun r =
+      run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 16,16 --steps 4 " +
+          "--profile " + profile.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(profile);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["format"], "lockstep-profile");
+  ASSERT_EQ(j["layers"].size(), 5u);                               // Linear ReLU Linear ReLU Linear
+  EXPECT_EQ(j["layers"][0]["param_bytes"], (16.0 * 16 + 16) * 4);  // 4x4 images -> 16
+  EXPECT_EQ(j["layers"][1]["param_bytes"], 0.0);
+  const CliRun plan = run("plan --profile " + profile.string());
+  EXPECT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("Recommendation"), std::string::npos) << plan.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;

@@ -72,7 +72,8 @@ TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
   EXPECT_EQ(runs[Ragged::Drop].steps, 6);  // floor(1003 / 256) per epoch
   EXPECT_LT(max_abs_diff(runs[Ragged::Weighted].params, reference.params), 2e-6f);
   EXPECT_LT(max_abs_diff(runs[Ragged::Pad].params, reference.params), 2e-6f);
-  EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f) << "drop must not see those samples";
+  EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f)
+      << "drop must not see those samples";
 }
 
 // Events of one replica in one step.
@@ -121,7 +122,8 @@ TEST(Overlap, ABucketsAllreduceStartsBeforeBackwardEnds) {
   ASSERT_EQ(single.buckets.size(), 1u);
   for (int r = 0; r < 2; ++r) {
     const auto steps = overlapped_steps(single, r);
-    EXPECT_EQ(std::count(steps.begin(), steps.end(), true), 0) << "one bucket cannot start before backward ends";
+    EXPECT_EQ(std::count(steps.begin(), steps.end(), true), 0)
+        << "one bucket cannot start before backward ends";
   }
   EXPECT_GT(single.times.exposed_comm_ms, 0.0);
   EXPECT_EQ(single.times.overlap_fraction, 0.0);
