@@ -30,6 +30,8 @@ struct TrainFlags {
   std::string compress = "none";
   std::string overlap = "auto";
   std::string link_bandwidth, link_latency;
+  std::string on_divergence = "stop";
+  std::vector<std::string> inject;
   std::string trace_file, svg_file, profile_file;
   std::int64_t svg_step = -1;
   double timeout_s = 60;
@@ -138,6 +140,8 @@ int run_train(TrainFlags& f) {
   if (!f.link_latency.empty()) c.link.latency = comm::parse_latency(f.link_latency);
   c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty() || !f.profile_file.empty();
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
+  c.on_divergence = train::on_divergence_from_string(f.on_divergence);
+  for (const auto& spec : f.inject) c.inject.push_back(train::fault_from_string(spec));
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   check_writable(f.save_file, "--save");
   check_writable(f.report_file, "--report");
@@ -159,7 +163,10 @@ int run_train(TrainFlags& f) {
                  (long long)data.test.size);
   }
   ProgressPrinter printer(f.quiet);
-  const auto result = train::train(c, data, {.on_progress = std::ref(printer)});
+  const auto warn = [](const std::string& message) {
+    std::fprintf(stderr, "lockstep: warning: %s\n", message.c_str());  // one call: whole lines
+  };
+  const auto result = train::train(c, data, {.on_progress = std::ref(printer), .on_warning = warn});
 
   std::cout << train::summary_text(c, result);
   if (!f.save_file.empty()) {
@@ -292,6 +299,21 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
       ->check(CLI::Range(0.001, 1e6));
+  cmd->add_option(
+         "--check-every", c.check_every,
+         "Compare fingerprints of every replica's weights and optimizer state every K steps (0: never)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  cmd->add_option("--on-divergence", flags->on_divergence,
+                  "When replicas differ: stop with an error naming the step, tensor and ranks, or repair "
+                  "(re-broadcast from a majority replica and warn)")
+      ->check(CLI::IsMember({"stop", "repair"}));
+  cmd->add_option("--max-skips", c.max_skips,
+                  "Stop after this many consecutive steps skipped for non-finite gradients")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  cmd->add_option("--inject", flags->inject,
+                  "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
+                  "update), nan@STEP:RANK (a local gradient), throw@STEP:RANK; repeatable")
+      ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
+#include "guards.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
 
@@ -77,9 +79,10 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
 }  // namespace
 
 ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
-  const TrainConfig& c = s.config;
-  const data::Dataset& train = s.data.train;
   const int rank = comm.rank();
+  TrainConfig c = s.config;  // this replica's own copy: the handshake compares them
+  if (s.hooks.on_replica_config) s.hooks.on_replica_config(rank, c);
+  const data::Dataset& train = s.data.train;
   ReplicaOutput out;
 
   auto model = make_model(c, train.features, train.num_classes);
@@ -87,7 +90,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   auto params = model->params();
   auto grads = model->grads();
 
-  // Weights: made once on rank 0, broadcast once, never exchanged again.
+  // Before anything else crosses: do all replicas run the same thing?
+  const auto fields = handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()));
+  ddp::handshake(comm, fields);
+  out.handshake_fields = fields.size();
+  out.traffic.setup = comm.stats().bytes_sent;
+
+  // Weights: made once on rank 0, broadcast once, verified, never exchanged again.
   if (rank == 0) {
     if (c.initial_params) {
       std::memcpy(params.data(), c.initial_params->data(), params.size_bytes());
@@ -95,12 +104,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       model->init(c.seed);
     }
   }
+  auto before_setup = comm.stats().bytes_sent;
   comm::broadcast(comm, params, 0);
-  out.traffic.init_broadcast = comm.stats().bytes_sent;
+  out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup;
+  before_setup = comm.stats().bytes_sent;
+  verify_broadcast_weights(comm, *model);
+  Guards guards(c, s.hooks, comm, *model, *optimizer);
 
   std::vector<std::size_t> numels;
   for (const auto& t : model->layout().tensors()) numels.push_back(t.numel);
-  const auto before_setup = comm.stats().bytes_sent;
   ddp::Reducer reducer(comm, grads, numels,
                        {.first_bucket_mb = c.first_bucket_mb,
                         .bucket_mb = c.bucket_mb,
@@ -108,7 +120,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         .compression = c.compression,
                         .overlap = c.overlap == Overlap::On ||
                                    (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr)});
-  out.traffic.setup = comm.stats().bytes_sent - before_setup;  // the bucket layout check
+  out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   out.buckets = reducer.buckets();
   out.overlapped =
       c.overlap == Overlap::On || (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr);
@@ -137,6 +149,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       samples = 0;
       eval_seconds = 0;
     }
+    guards.maybe_throw(step);
     const auto t_step = Clock::now();
     const std::int64_t epoch = step / s.sampler.steps_per_epoch();
     const std::int64_t in_epoch = step % s.sampler.steps_per_epoch();
@@ -161,6 +174,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     }
 
     reducer.begin_step(b, shard.global_count);
+    bool nonfinite = false;  // in this replica's own gradient, before the all-reduce
+    bool inject_nan = guards.injects(Fault::Kind::NaN, step);
     double loss_sum = 0;
     auto t_backward_end = t_step;  // the last layer's backward, before its gradients are announced
     for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
@@ -196,7 +211,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         t = t_backward_end = done;
                         if (!last) return;
                         const auto range = model->layer_tensors(layer);
-                        for (std::size_t i = range.end; i-- > range.first;) reducer.mark_ready(i);
+                        for (std::size_t i = range.end; i-- > range.first;) {
+                          // Scanned before the reducer owns it (and reduces it in place).
+                          const auto& t = model->layout().tensors()[i];
+                          if (inject_nan) grads[t.offset] = std::numeric_limits<float>::quiet_NaN();
+                          inject_nan = false;
+                          nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel));
+                          reducer.mark_ready(i);
+                        }
                       });
     }
     const auto& timing = reducer.finish_step();
@@ -214,14 +236,19 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     }
 
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
-    optimizer->step_and_zero_grads(params, grads, lr);
+    if (!guards.skip_step(step, nonfinite, grads, out)) optimizer->step_and_zero_grads(params, grads, lr);
+    guards.maybe_flip_bit(step, params);
+    const auto t_optimizer_end = Clock::now();
+    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_optimizer_end);
+    if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
+    const bool checked =
+        guards.check_divergence(step, params, optimizer->state(), out);  // in the step's time
     const auto t_end = Clock::now();
-    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_end);
+    if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
     sample.exposed = ms_between(t_backward_end, t_wait_end);
     sample.compute = sample.step - sample.exposed;
     out.steps.push_back(sample);
-    if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
 
     window[0] += loss_sum;
     window[1] += double(b);
@@ -257,7 +284,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
-                            out.traffic.gradients - out.traffic.control;
+                            out.traffic.gradients - out.traffic.control - out.traffic.checks -
+                            out.traffic.repair;
   if (rank == 0) out.params.assign(params.begin(), params.end());
   out.events = recorder.take();
   return out;
@@ -280,6 +308,13 @@ StepTimes median_times(std::span<const StepSample> samples) {
   t.compute_ms = median([](const StepSample& s) { return s.compute; });
   t.comm_ms = median([](const StepSample& s) { return s.comm; });
   t.exposed_comm_ms = median([](const StepSample& s) { return s.exposed; });
+  std::vector<double> checks;
+  for (const auto& s : samples)
+    if (s.check > 0) checks.push_back(s.check);
+  if (!checks.empty()) {
+    std::nth_element(checks.begin(), checks.begin() + checks.size() / 2, checks.end());
+    t.check_ms = checks[checks.size() / 2];
+  }
   t.overlap_fraction = median(
       [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; });
   return t;

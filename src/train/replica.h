@@ -20,6 +20,7 @@ struct Shared {  // read-only during training; owned by train()
 
 struct StepSample {  // one step of one replica, in ms
   double step = 0, compute = 0, comm = 0, exposed = 0;
+  double check = 0;  // the divergence check, if this step ran it (inside `step`)
 };
 
 struct ReplicaOutput {
@@ -33,6 +34,9 @@ struct ReplicaOutput {
   bool overlapped = false;
   std::vector<StepSample> steps;
   std::vector<TimelineEvent> events;  // if config.record_timeline
+  std::size_t handshake_fields = 0;
+  std::int64_t divergence_checks = 0, repairs = 0;
+  std::vector<TrainResult::Skip> skipped;
 };
 
 // Medians of the samples' fields (overlap from each step's own ratio).

@@ -80,6 +80,19 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     }
     s += "): each replica updates its own from its own micro-batches; never communicated\n";
   }
+  s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
+       " fields agreed, weights verified after the broadcast; ";
+  if (c.check_every > 0) {
+    std::snprintf(
+        line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
+        r.times.step_ms > 0 ? 100 * r.times.check_ms / double(c.check_every) / r.times.step_ms : 0.0);
+    s += "weights and optimizer state compared every " + std::to_string(c.check_every) + " step" +
+         (c.check_every > 1 ? "s" : "") + " (" + std::to_string(r.divergence_checks) + " checks, " + line +
+         ", " + std::to_string(r.repairs) + " repairs)";
+  } else {
+    s += "divergence detector off";
+  }
+  s += "; " + std::to_string(r.skipped.size()) + " steps skipped for non-finite gradients\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {
@@ -126,11 +139,21 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"overlap", r.overlapped},
                  {"link_bytes_per_second", c.link.bytes_per_second},
                  {"link_latency_us", double(c.link.latency.count()) / 1000.0}};
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& k : r.skipped) skipped.push_back({{"step", k.step}, {"ranks", k.ranks}});
+  j["guards"] = {{"handshake_fields", r.handshake_fields},
+                 {"check_every", c.check_every},
+                 {"on_divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},
+                 {"divergence_checks", r.divergence_checks},
+                 {"repairs", r.repairs},
+                 {"max_skips", c.max_skips},
+                 {"skipped_steps", skipped}};
   j["timing"] = {{"step_ms", r.times.step_ms},
                  {"compute_ms", r.times.compute_ms},
                  {"comm_ms", r.times.comm_ms},
                  {"exposed_comm_ms", r.times.exposed_comm_ms},
-                 {"overlap_fraction", r.times.overlap_fraction}};
+                 {"overlap_fraction", r.times.overlap_fraction},
+                 {"check_ms", r.times.check_ms}};
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : r.buckets) {
     nlohmann::json names = nlohmann::json::array();
@@ -154,6 +177,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"setup", t.setup},
                    {"gradients", t.gradients},
                    {"control", t.control},
+                   {"checks", t.checks},
+                   {"repair", t.repair},
                    {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;

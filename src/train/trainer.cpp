@@ -46,6 +46,15 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
         "halving_doubling with --link-bandwidth/--link-latency");
   }
   if (data.train.size == 0 || data.test.size == 0) throw InvalidArgument("the data set is empty");
+  if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
+  if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
+  for (const auto& f : c.inject) {
+    if (f.rank < 0 || f.rank >= c.replicas || f.step < 0) {
+      throw InvalidArgument("--inject names rank " + std::to_string(f.rank) + " at step " +
+                            std::to_string(f.step) + ", but ranks are 0.." + std::to_string(c.replicas - 1) +
+                            " and steps start at 0");
+    }
+  }
 }
 
 }  // namespace
@@ -67,6 +76,46 @@ Ragged ragged_from_string(std::string_view name) {
     if (name == to_string(r)) return r;
   throw InvalidArgument("unknown ragged-shard policy '" + std::string(name) +
                         "'; the choices are: weighted, drop, pad");
+}
+
+OnDivergence on_divergence_from_string(std::string_view name) {
+  if (name == "stop") return OnDivergence::Stop;
+  if (name == "repair") return OnDivergence::Repair;
+  throw InvalidArgument("unknown --on-divergence '" + std::string(name) + "'; the choices are: stop, repair");
+}
+
+Fault fault_from_string(std::string_view spec) {
+  const auto bad = [&] {
+    return InvalidArgument("bad --inject '" + std::string(spec) +
+                           "': expected KIND@STEP:RANK with KIND bitflip, nan or throw, e.g. bitflip@20:3");
+  };
+  const auto at = spec.find('@'), colon = spec.find(':', at == spec.npos ? 0 : at);
+  if (at == spec.npos || colon == spec.npos) throw bad();
+  Fault f;
+  const auto kind = spec.substr(0, at);
+  if (kind == "bitflip") {
+    f.kind = Fault::Kind::BitFlip;
+  } else if (kind == "nan") {
+    f.kind = Fault::Kind::NaN;
+  } else if (kind == "throw") {
+    f.kind = Fault::Kind::Throw;
+  } else {
+    throw bad();
+  }
+  const auto number = [&](std::string_view text) {
+    std::int64_t v = 0;
+    if (text.empty() || text.size() > 12) throw bad();
+    for (char ch : text) {
+      if (ch < '0' || ch > '9') throw bad();
+      v = v * 10 + (ch - '0');
+    }
+    return v;
+  };
+  f.step = number(spec.substr(at + 1, colon - at - 1));
+  const std::int64_t rank = number(spec.substr(colon + 1));
+  if (rank > 1024) throw bad();
+  f.rank = static_cast<int>(rank);
+  return f;
 }
 
 std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features,
@@ -184,6 +233,10 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   res.layout = probe->layout();
   res.buffer_layout = probe->buffer_layout();
   res.params = o.params;
+  res.handshake_fields = o.handshake_fields;
+  res.divergence_checks = o.divergence_checks;
+  res.repairs = o.repairs;
+  res.skipped = o.skipped;
   return res;
 }
 

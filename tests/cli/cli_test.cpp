@@ -246,3 +246,32 @@ TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
 }
 
 }  // namespace
+
+namespace {
+
+// The guards from the command line: an injected bit flip stops the run
+// naming the rank; repair warns and finishes; a NaN step is skipped by all.
+TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
+  const fs::path dir = make_data_dir("cli_guards");
+  const std::string common =
+      "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --steps 6 ";
+  const CliRun stop = run(common + "--check-every 1 --inject bitflip@2:3");
+  EXPECT_EQ(stop.code, 1);
+  EXPECT_NE(stop.output.find("replicas diverged by step 2:"), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("on rank 3 differs"), std::string::npos) << stop.output;
+  const CliRun repair = run(common + "--check-every 1 --inject bitflip@2:3 --on-divergence repair");
+  EXPECT_EQ(repair.code, 0) << repair.output;
+  EXPECT_NE(repair.output.find("lockstep: warning: replicas diverged"), std::string::npos) << repair.output;
+  EXPECT_NE(repair.output.find("1 repairs"), std::string::npos) << repair.output;
+  const CliRun nan = run(common + "--inject nan@1:2");
+  EXPECT_EQ(nan.code, 0) << nan.output;
+  EXPECT_NE(nan.output.find("step 1: non-finite gradient on rank 2"), std::string::npos) << nan.output;
+  EXPECT_NE(nan.output.find("1 steps skipped"), std::string::npos) << nan.output;
+  const CliRun thrown = run(common + "--inject throw@1:2");
+  EXPECT_EQ(thrown.code, 1);
+  EXPECT_NE(thrown.output.find("rank 2: injected failure at step 1"), std::string::npos) << thrown.output;
+  EXPECT_EQ(run(common + "--inject bitflip@2").code, 2);
+  EXPECT_EQ(run(common + "--on-divergence ignore").code, 2);
+}
+
+}  // namespace

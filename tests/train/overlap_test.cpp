@@ -146,7 +146,9 @@ TEST(Timeline, EveryReplicaRecordsEveryPhaseOfEveryStep) {
         ++count[e->phase];
         EXPECT_LE(e->start_us, e->end_us);
         EXPECT_EQ(e->track == Track::Comm, e->phase == Phase::Allreduce);
-        if (e->phase == Phase::Allreduce) EXPECT_GT(e->bytes, 0u);
+        if (e->phase == Phase::Allreduce) {
+          EXPECT_GT(e->bytes, 0u);
+        }
       }
       EXPECT_EQ(count[Phase::Forward], layers + 1) << "a forward event per layer, and the loss";
       EXPECT_EQ(count[Phase::Backward], layers);

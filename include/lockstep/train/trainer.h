@@ -46,6 +46,28 @@ const char* to_string(Ragged ragged);
 enum class Overlap { Auto, On, Off };
 Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument naming the choices
 
+// What the divergence detector does when the replicas' fingerprints differ.
+enum class OnDivergence {
+  Stop,    // every replica throws an Error naming the step, the first tensor and the odd ranks
+  Repair,  // re-broadcast weights and optimizer state from a majority rank, warn, go on
+};
+OnDivergence on_divergence_from_string(std::string_view name);  // throws InvalidArgument
+
+// A fault injected on purpose, to show that the guards catch it
+// (`--inject KIND@STEP:RANK`; STEP is 0-based).
+struct Fault {
+  enum class Kind {
+    BitFlip,  // after the step's optimizer update, flip one bit of one weight on RANK
+    NaN,      // make one of RANK's local gradients NaN before the all-reduce
+    Throw,    // RANK throws an Error at the start of the step
+  };
+  Kind kind = Kind::BitFlip;
+  std::int64_t step = 0;
+  int rank = 0;
+};
+// "bitflip@20:3", "nan@5:0", "throw@2:1"; throws InvalidArgument on anything else.
+Fault fault_from_string(std::string_view spec);
+
 struct TrainConfig {
   int replicas = 8;
   std::int64_t micro_batch = 32;
@@ -76,6 +98,14 @@ struct TrainConfig {
   double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
   bool record_timeline = false;                      // keep every event (for --trace, --timeline-svg)
+  // Guards (docs/design.md, "Guards"). Replicas always run the start-up
+  // handshake and verify the broadcast weights.
+  // Compare weight and optimizer-state fingerprints every K steps; 0 = never. 20: the smallest K
+  // whose check costs under 2% of the default run's step time (docs/results.md, "Guards").
+  std::int64_t check_every = 20;
+  OnDivergence on_divergence = OnDivergence::Stop;
+  std::int64_t max_skips = 5;  // stop after this many consecutive steps with non-finite gradients
+  std::vector<Fault> inject;   // faults to inject (tests and demonstrations)
 };
 
 // Per-step times, each the median over the steps of the run (all replicas).
@@ -85,6 +115,7 @@ struct StepTimes {
   double comm_ms = 0;           // the buckets' all-reduces, on the communication thread
   double exposed_comm_ms = 0;   // waited on communication after backward ended
   double overlap_fraction = 0;  // 1 - exposed / comm
+  double check_ms = 0;          // the divergence check (fingerprints + compare), on the steps that ran it
 };
 
 struct Progress {
@@ -100,9 +131,11 @@ struct Progress {
 
 struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t init_broadcast = 0;
-  std::uint64_t setup = 0;        // start-up checks (the bucket layout)
+  std::uint64_t setup = 0;        // start-up checks (handshake, weight verification, bucket layout)
   std::uint64_t gradients = 0;    // all steps together
   std::uint64_t control = 0;      // loss and accuracy tallies
+  std::uint64_t checks = 0;       // fingerprints and non-finite flags
+  std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -126,8 +159,15 @@ struct TrainResult {
   std::vector<TimelineEvent> timeline;  // every replica's, if config.record_timeline
   std::string model_description, optimizer_description;
   nn::Layout layout;
-  nn::Layout buffer_layout;  // e.g. batch norm running statistics; kept per replica
+  nn::Layout buffer_layout;   // e.g. batch norm running statistics; kept per replica
   std::vector<float> params;  // replica 0's final weights
+  std::size_t handshake_fields = 0;
+  std::int64_t divergence_checks = 0, repairs = 0;
+  struct Skip {
+    std::int64_t step = 0;
+    std::vector<int> ranks;  // the replicas whose local gradient was not finite
+  };
+  std::vector<Skip> skipped;  // steps every replica skipped
 };
 
 struct TrainHooks {
@@ -137,6 +177,12 @@ struct TrainHooks {
   std::function<void(int rank, std::int64_t step, std::span<const float> params,
                      std::span<const float> optimizer_state)>
       on_replica_step;
+  // Called on every replica's thread with its own copy of the config before
+  // the start-up handshake (tests: make one replica differ).
+  std::function<void(int rank, TrainConfig& config)> on_replica_config;
+  // Warnings (a skipped step, a repair, an injected fault), one sentence
+  // each. Called from any replica's thread; must be thread-safe.
+  std::function<void(const std::string& message)> on_warning;
 };
 
 // Builds the model that TrainConfig describes (every replica calls this).

@@ -1,0 +1,242 @@
+// The guards of the step loop (guards.h). Every decision below is taken on
+// values that every replica holds identically after a collective (gathered
+// digests, an all-reduced flag row), never on a local value alone: that is
+// what makes the replicas take the same branch (Note [Symmetric decisions]).
+#include "guards.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+
+namespace lockstep::train::detail {
+namespace {
+
+std::string exact(double v) {  // hexadecimal float: every bit of the value
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+std::string layout_text(const nn::Layout& layout) {
+  std::string s;
+  for (const auto& t : layout.tensors()) {
+    s += t.name;
+    s += ':';
+    for (auto d : t.shape) {
+      s += ' ';
+      s += std::to_string(d);
+    }
+    s += '\n';
+  }
+  return s;
+}
+
+const char* kind_name(Fault::Kind k) {
+  switch (k) {
+    case Fault::Kind::BitFlip:
+      return "bitflip";
+    case Fault::Kind::NaN:
+      return "nan";
+    case Fault::Kind::Throw:
+      return "throw";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<ddp::Bucket> planned_buckets(const TrainConfig& c, const nn::Layout& layout) {
+  std::vector<std::size_t> numels;
+  for (const auto& t : layout.tensors()) numels.push_back(t.numel);
+  auto bytes = [](double mb) { return static_cast<std::size_t>(mb * double(1 << 20)); };  // as the reducer
+  return ddp::assign_buckets(numels, bytes(c.first_bucket_mb), bytes(c.bucket_mb));
+}
+
+std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
+                                                  const data::ImageClassificationData& data,
+                                                  std::int64_t total_steps, const nn::Model& model,
+                                                  std::span<const ddp::Bucket> buckets) {
+  std::string labels_digest = std::to_string(ddp::digest(std::as_bytes(std::span(data.train.labels))));
+  std::vector<std::string> tensor_names;
+  for (const auto& t : model.layout().tensors()) tensor_names.push_back(t.name);
+  std::string faults;
+  for (const auto& f : c.inject)
+    faults +=
+        std::string(kind_name(f.kind)) + "@" + std::to_string(f.step) + ":" + std::to_string(f.rank) + " ";
+  return {
+      {"build version", LOCKSTEP_VERSION},
+      {"world size (--replicas)", std::to_string(c.replicas)},
+      {"--seed", std::to_string(c.seed)},
+      {"--optimizer", c.optimizer},
+      {"--lr", exact(c.lr)},
+      {"--schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"},
+      {"--momentum", exact(c.momentum)},
+      {"--weight-decay", exact(c.weight_decay)},
+      {"--nesterov", c.nesterov ? "on" : "off"},
+      {"--steps/--epochs", std::to_string(total_steps)},
+      {"--micro-batch", std::to_string(c.micro_batch)},
+      {"--accumulate", std::to_string(c.accumulate)},
+      {"--shuffle", c.shuffle ? "on" : "off"},
+      {"--ragged", to_string(c.ragged)},
+      {"data set (size, features, classes, labels)",
+       std::to_string(data.train.size) + " " + std::to_string(data.train.features) + " " +
+           std::to_string(data.train.num_classes) + " " + labels_digest},
+      {"--algorithm", comm::to_string(c.algorithm)},
+      {"--compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
+      {"model (parameter names, shapes and order)", model.describe() + "\n" + layout_text(model.layout())},
+      {"model buffers", layout_text(model.buffer_layout())},
+      {"bucket layout (--first-bucket-mb, --bucket-mb)",
+       ddp::describe_buckets({buckets.begin(), buckets.end()}, tensor_names)},
+      {"--check-every", std::to_string(c.check_every)},
+      {"--on-divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},
+      {"--max-skips", std::to_string(c.max_skips)},
+      {"--inject", faults},
+  };
+}
+
+void verify_broadcast_weights(comm::Communicator& comm, const nn::Model& model) {
+  std::vector<std::uint64_t> digests;
+  const auto params = model.params();
+  for (const auto& t : model.layout().tensors())
+    digests.push_back(ddp::digest(params.subspan(t.offset, t.numel)));
+  const auto m = ddp::compare_across_ranks(comm, digests);
+  if (m.empty()) return;
+  throw Error("the weights differ after the initial broadcast: " + model.layout().tensors()[m[0].field].name +
+              " on " + ddp::describe_ranks(m[0].ranks) + "; the transport corrupted them, rerun.");
+}
+
+bool has_nonfinite(std::span<const float> values) {
+  // Exponent all ones <=> inf or NaN. An integer test, so it vectorises.
+  std::uint32_t bad = 0;
+  for (float v : values) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+  return bad != 0;
+}
+
+StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer) {
+  for (const auto& t : layout.tensors()) {
+    fields_.push_back({false, t.offset, t.numel});
+    names_.push_back(t.name);
+  }
+  const auto slots = optimizer.slot_names();
+  for (std::size_t s = 0; s < slots.size(); ++s) {
+    for (const auto& t : layout.tensors()) {  // slot s is laid out like the parameters, at s x P
+      fields_.push_back({true, s * layout.numel() + t.offset, t.numel});
+      names_.push_back(t.name + " (optimizer " + slots[s] + ")");
+    }
+  }
+}
+
+std::vector<ddp::DigestMismatch> StateFingerprint::compare(comm::Communicator& comm,
+                                                           std::span<const float> params,
+                                                           std::span<const float> state) const {
+  std::vector<std::uint64_t> digests;
+  digests.reserve(fields_.size());
+  for (const auto& f : fields_)
+    digests.push_back(ddp::digest((f.state ? state : params).subspan(f.offset, f.numel)));
+  return ddp::compare_across_ranks(comm, digests);
+}
+
+Guards::Guards(const TrainConfig& c, const TrainHooks& hooks, comm::Communicator& comm,
+               const nn::Model& model, const optim::Optimizer& optimizer)
+    : c_(c), hooks_(hooks), comm_(comm), layout_(model.layout()), fingerprint_(model.layout(), optimizer) {}
+
+void Guards::warn(const std::string& message) const {
+  if (hooks_.on_warning) hooks_.on_warning(message);
+}
+
+bool Guards::injects(Fault::Kind kind, std::int64_t step) const {
+  for (const auto& f : c_.inject)
+    if (f.kind == kind && f.step == step && f.rank == comm_.rank()) return true;
+  return false;
+}
+
+void Guards::maybe_throw(std::int64_t step) const {
+  if (!injects(Fault::Kind::Throw, step)) return;
+  throw Error("rank " + std::to_string(comm_.rank()) + ": injected failure at step " + std::to_string(step) +
+              " (--inject throw@" + std::to_string(step) + ":" + std::to_string(comm_.rank()) + ").");
+}
+
+void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params) const {
+  if (!injects(Fault::Kind::BitFlip, step) || params.empty()) return;
+  // The weight in the middle of the arena; bit 22 (the mantissa's top bit):
+  // the value changes by up to half and stays finite.
+  const std::size_t i = params.size() / 2;
+  params[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(params[i]) ^ (1u << 22));
+  std::string tensor = "?";
+  for (const auto& t : layout_.tensors())
+    if (i >= t.offset && i < t.offset + t.numel) tensor = t.name + "[" + std::to_string(i - t.offset) + "]";
+  warn("rank " + std::to_string(comm_.rank()) + ": injected a bit flip in " + tensor + " after step " +
+       std::to_string(step) + ".");
+}
+
+// Note [Symmetric decisions]: each replica sets only its own entry of a row
+// of N flags; an all-reduce (max) gives every replica the same row, so every
+// replica knows both that the step must be skipped and which replicas it came
+// from. The flag was computed on the local gradient before the all-reduce
+// (replica.cpp scans each tensor before handing it to the reducer), so the
+// origin is the replica whose own samples produced it, not every replica that
+// received it through the mean.
+bool Guards::skip_step(std::int64_t step, bool local_nonfinite, std::span<float> grads, ReplicaOutput& out) {
+  const auto before = comm_.stats().bytes_sent;
+  std::vector<float> flags(static_cast<std::size_t>(comm_.size()), 0.0f);
+  flags[static_cast<std::size_t>(comm_.rank())] = local_nonfinite ? 1.0f : 0.0f;
+  comm::allreduce(comm_, flags, {.op = comm::ReduceOp::Max});
+  out.traffic.checks += comm_.stats().bytes_sent - before;
+  std::vector<int> origins;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0) origins.push_back(int(r));
+  if (origins.empty()) {
+    consecutive_skips_ = 0;
+    return false;
+  }
+  std::fill(grads.begin(), grads.end(), 0.0f);  // as the optimizer step would have left them
+  out.skipped.push_back({step, origins});
+  ++consecutive_skips_;
+  if (consecutive_skips_ >= c_.max_skips) {
+    throw Error("stopped: " + std::to_string(consecutive_skips_) +
+                " consecutive steps had non-finite gradients (the last, step " + std::to_string(step) +
+                ", from " + ddp::describe_ranks(origins) +
+                "). Lower --lr, check the data, or raise --max-skips.");
+  }
+  if (comm_.rank() == 0) {
+    warn("step " + std::to_string(step) + ": non-finite gradient on " + ddp::describe_ranks(origins) +
+         "; every replica skipped the step (" + std::to_string(consecutive_skips_) + " of at most " +
+         std::to_string(c_.max_skips) + " in a row).");
+  }
+  return true;
+}
+
+bool Guards::check_divergence(std::int64_t step, std::span<float> params, std::span<float> state,
+                              ReplicaOutput& out) {
+  if (c_.check_every <= 0 || (step + 1) % c_.check_every != 0) return false;
+  auto before = comm_.stats().bytes_sent;
+  const auto m = fingerprint_.compare(comm_, params, state);
+  out.traffic.checks += comm_.stats().bytes_sent - before;
+  ++out.divergence_checks;
+  if (m.empty()) return true;
+  std::string what = "replicas diverged by step " + std::to_string(step) + ": " +
+                     fingerprint_.name(m[0].field) + " on " + ddp::describe_ranks(m[0].ranks) +
+                     " differs from " + ddp::describe_ranks(m[0].majority);
+  if (m.size() > 1) what += " (and " + std::to_string(m.size() - 1) + " more tensors)";
+  const int root = ddp::healthy_rank(m, comm_.size());
+  if (c_.on_divergence == OnDivergence::Stop || root < 0) {
+    throw Error(
+        what + (root < 0 ? "; no replica agrees with the majority on every tensor, so none can repair" : "") +
+        ". Every replica must hold identical weights; rerun, or use --on-divergence repair.");
+  }
+  before = comm_.stats().bytes_sent;
+  comm::broadcast(comm_, params, root);
+  comm::broadcast(comm_, state, root);
+  out.traffic.repair += comm_.stats().bytes_sent - before;
+  ++out.repairs;
+  if (comm_.rank() == 0)
+    warn(what + "; repaired: re-broadcast rank " + std::to_string(root) + "'s weights and optimizer state.");
+  return true;
+}
+
+}  // namespace lockstep::train::detail

@@ -1,0 +1,202 @@
+// The guards end to end: the start-up handshake, the divergence detector
+// with injected bit flips, and symmetric decisions (non-finite gradients,
+// one replica's error).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "lockstep/error.h"
+#include "lockstep/train/trainer.h"
+#include "synthetic_data.h"
+
+namespace lockstep::train {
+namespace {
+
+using testing::synthetic_data;
+
+TrainConfig config(int replicas = 4) {
+  TrainConfig c;
+  c.replicas = replicas;
+  c.micro_batch = 16;
+  c.hidden = {32, 16};
+  c.steps = 12;
+  c.evaluate = false;
+  c.timeout = std::chrono::seconds(20);
+  return c;
+}
+
+std::string error_of(const TrainConfig& c, const TrainHooks& hooks = {}) {
+  try {
+    train(c, synthetic_data(1024), hooks);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every replica's weights and optimizer state after every step.
+struct Snapshots {
+  std::mutex mu;
+  std::map<std::int64_t, std::map<int, std::vector<float>>> at;  // step -> rank -> state
+  TrainHooks hooks() {
+    TrainHooks h;
+    h.on_replica_step = [this](int rank, std::int64_t step, std::span<const float> p,
+                               std::span<const float> s) {
+      std::vector<float> v(p.begin(), p.end());
+      v.insert(v.end(), s.begin(), s.end());
+      std::lock_guard lock(mu);
+      at[step][rank] = std::move(v);
+    };
+    return h;
+  }
+  bool identical(std::int64_t step) {
+    const auto& ranks = at.at(step);
+    for (const auto& [r, v] : ranks)
+      if (v.size() != ranks.at(0).size() || std::memcmp(v.data(), ranks.at(0).data(), v.size() * 4) != 0)
+        return false;
+    return true;
+  }
+};
+
+// The issue's cases: one replica started with another seed, lr, hidden width
+// or bucket layout refuses to start, naming the field and the rank.
+TEST(Handshake, OneReplicaWithAnotherConfigRefusesToStart) {
+  const std::map<std::string, std::function<void(TrainConfig&)>> cases = {
+      {"--seed", [](TrainConfig& c) { c.seed = 7; }},
+      {"--lr", [](TrainConfig& c) { c.lr = 0.2f; }},
+      {"model (parameter names, shapes and order)",
+       [](TrainConfig& c) {
+         c.hidden = {33, 16};
+       }},
+      {"bucket layout", [](TrainConfig& c) { c.first_bucket_mb = 0.0001; }},
+  };
+  for (const auto& [field, perturb] : cases) {
+    TrainHooks hooks;
+    hooks.on_replica_config = [&](int rank, TrainConfig& c) {
+      if (rank == 2) perturb(c);
+    };
+    const auto what = error_of(config(), hooks);
+    EXPECT_NE(what.find("start-up handshake refused: " + field), std::string::npos) << what;
+    EXPECT_NE(what.find("differs on rank 2 from ranks 0, 1 and 3"), std::string::npos) << what;
+  }
+  EXPECT_EQ(error_of(config()), "(no error)");
+}
+
+// A bit flipped on rank 3 after step 5 is caught at the next check (steps
+// 7 with K = 4: (step + 1) % K == 0), naming the rank and the tensor.
+TEST(Divergence, BitFlipStopsNamingRankTensorAndStep) {
+  auto c = config(5);
+  c.check_every = 4;
+  c.inject = {fault_from_string("bitflip@5:3")};
+  const auto what = error_of(c);
+  const auto layout = make_model(c, 48, 10)->layout();
+  std::string tensor;
+  for (const auto& t : layout.tensors())
+    if (layout.numel() / 2 >= t.offset && layout.numel() / 2 < t.offset + t.numel) tensor = t.name;
+  EXPECT_NE(
+      what.find("replicas diverged by step 7: " + tensor + " on rank 3 differs from ranks 0, 1, 2 and 4"),
+      std::string::npos)
+      << what;
+}
+
+// Repair re-broadcasts from a majority replica: identical again from the
+// next step on, and training goes on. Without the detector the same flip
+// goes unnoticed: the replicas silently disagree to the end.
+TEST(Divergence, RepairMakesReplicasIdenticalAgainAndTrainingGoesOn) {
+  auto c = config(5);
+  c.check_every = 1;
+  c.on_divergence = OnDivergence::Repair;
+  c.inject = {fault_from_string("bitflip@5:3")};
+  Snapshots snaps;
+  auto hooks = snaps.hooks();
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  hooks.on_warning = [&](const std::string& w) {
+    std::lock_guard lock(mu);
+    warnings.push_back(w);
+  };
+  const auto r = train(c, synthetic_data(1024), hooks);
+  EXPECT_EQ(r.repairs, 1);
+  EXPECT_EQ(r.divergence_checks, 12);
+  EXPECT_TRUE(snaps.identical(4));
+  EXPECT_FALSE(snaps.identical(5)) << "the flip was not injected";
+  for (std::int64_t s = 6; s < 12; ++s) EXPECT_TRUE(snaps.identical(s)) << "step " << s;
+  bool named = false;
+  for (const auto& w : warnings)
+    named |= w.find("on rank 3") != std::string::npos && w.find("repaired") != std::string::npos;
+  EXPECT_TRUE(named);
+
+  c.check_every = 0;
+  Snapshots unchecked;
+  train(c, synthetic_data(1024), unchecked.hooks());
+  EXPECT_FALSE(unchecked.identical(11));
+}
+
+// A NaN in rank 2's local gradient at step 4: every replica skips step 4
+// (weights and optimizer state unchanged and identical), the log names rank
+// 2, and training goes on.
+TEST(SymmetricDecisions, NonFiniteGradientIsSkippedByEveryReplica) {
+  for (const char* opt : {"sgd", "adamw"}) {
+    auto c = config();
+    c.optimizer = opt;
+    c.inject = {fault_from_string("nan@4:2")};
+    Snapshots snaps;
+    auto hooks = snaps.hooks();
+    std::string warning;
+    hooks.on_warning = [&](const std::string& w) { warning = w; };  // rank 0 only
+    const auto r = train(c, synthetic_data(1024), hooks);
+    ASSERT_EQ(r.skipped.size(), 1u);
+    EXPECT_EQ(r.skipped[0].step, 4);
+    EXPECT_EQ(r.skipped[0].ranks, std::vector<int>{2});
+    EXPECT_NE(warning.find("step 4: non-finite gradient on rank 2; every replica skipped"), std::string::npos)
+        << warning;
+    for (std::int64_t s = 0; s < 12; ++s) EXPECT_TRUE(snaps.identical(s)) << opt << " step " << s;
+    EXPECT_EQ(snaps.at[4], snaps.at[3]) << "the skipped step changed the state";
+    EXPECT_NE(snaps.at[5], snaps.at[4]) << "training did not go on";
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+  }
+}
+
+TEST(SymmetricDecisions, ConsecutiveSkipsStopEveryReplica) {
+  auto c = config();
+  c.max_skips = 3;
+  for (int s : {3, 4, 5}) c.inject.push_back(fault_from_string("nan@" + std::to_string(s) + ":1"));
+  const auto what = error_of(c);
+  EXPECT_NE(
+      what.find("stopped: 3 consecutive steps had non-finite gradients (the last, step 5, from rank 1)"),
+      std::string::npos)
+      << what;
+  c.inject.erase(c.inject.begin() + 1);  // steps 3 and 5: not consecutive
+  EXPECT_EQ(error_of(c), "(no error)");
+}
+
+// One replica's error stops all of them with that error, well within the
+// collectives' timeout (a wall-clock guard, not a timing threshold: a hang
+// would take the 20 s timeout).
+TEST(SymmetricDecisions, InjectedThrowStopsAllReplicas) {
+  auto c = config(8);
+  c.inject = {fault_from_string("throw@3:5")};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of(c).find("rank 5: injected failure at step 3"), std::string::npos) << error_of(c);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << "replicas hung";
+}
+
+TEST(Inject, SpecsParseOrAreRefused) {
+  const auto f = fault_from_string("bitflip@20:3");
+  EXPECT_EQ(f.kind, Fault::Kind::BitFlip);
+  EXPECT_EQ(f.step, 20);
+  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(fault_from_string("nan@0:0").kind, Fault::Kind::NaN);
+  for (const char* bad :
+       {"", "bitflip", "bitflip@", "bitflip@1", "flip@1:2", "nan@-1:2", "nan@1:x", "nan@1:99999"})
+    EXPECT_THROW(fault_from_string(bad), InvalidArgument) << bad;
+  auto c = config();
+  c.inject = {fault_from_string("nan@1:4")};  // 4 replicas: ranks 0..3
+  EXPECT_NE(error_of(c).find("ranks are 0..3"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep::train
