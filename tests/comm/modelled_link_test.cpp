@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include "comm/run_ranks.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
@@ -24,33 +25,11 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// run_ranks over a given group: fn(comm) for every rank on its own thread.
-// Returns each rank's exception (null where it returned normally).
+// Tests here finish in well under a second; a hang fails after 20 s.
 std::vector<std::exception_ptr> run_group(const std::vector<std::unique_ptr<Communicator>>& comms,
                                           const std::function<void(Communicator&)>& fn,
                                           std::chrono::seconds guard = 20s) {
-  const int n = static_cast<int>(comms.size());
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  std::promise<void> all_done;
-  auto finished = all_done.get_future();
-  std::atomic<int> remaining{n};
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(*comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-      if (--remaining == 0) all_done.set_value();
-    });
-  }
-  if (finished.wait_for(guard) != std::future_status::ready) {
-    ADD_FAILURE() << "ranks did not finish within " << guard.count() << " s (hang)";
-    comms[0]->abort("test guard expired");
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return lockstep::testing::run_group(comms, fn, guard);
 }
 
 std::vector<std::unique_ptr<Communicator>> linked_group(int n, const LinkModel& link,

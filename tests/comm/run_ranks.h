@@ -15,12 +15,13 @@
 
 namespace lockstep::testing {
 
-// Runs fn(comm) for every rank of a fresh thread group. Returns each rank's
-// exception (null where it returned normally). Fails the test on a hang.
-inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void(comm::Communicator&)>& fn,
-                                                 comm::Duration timeout = std::chrono::seconds(10),
-                                                 std::chrono::seconds guard = std::chrono::seconds(60)) {
-  auto comms = comm::make_thread_group({.world_size = n, .timeout = timeout});
+// Runs fn(comm) for every rank of `comms`, each on its own thread. Returns
+// each rank's exception (null where it returned normally). Fails the test on a hang.
+inline std::vector<std::exception_ptr> run_group(
+    const std::vector<std::unique_ptr<comm::Communicator>>& comms,
+    const std::function<void(comm::Communicator&)>& fn,
+    std::chrono::seconds guard = std::chrono::seconds(60)) {
+  const int n = static_cast<int>(comms.size());
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
   std::promise<void> all_done;
@@ -42,6 +43,13 @@ inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// run_group over a fresh thread group of n ranks.
+inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void(comm::Communicator&)>& fn,
+                                                 comm::Duration timeout = std::chrono::seconds(10),
+                                                 std::chrono::seconds guard = std::chrono::seconds(60)) {
+  return run_group(comm::make_thread_group({.world_size = n, .timeout = timeout}), fn, guard);
 }
 
 inline void rethrow_first(const std::vector<std::exception_ptr>& errors) {

@@ -1,7 +1,12 @@
 // Test helper: a small, learnable classification data set made in memory.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <random>
+#include <vector>
 
 #include "lockstep/data/dataset.h"
 
@@ -38,6 +43,14 @@ inline data::ImageClassificationData synthetic_data(std::int64_t train_size, std
   out.train = make(train_size);
   out.test = make(test_size);
   return out;
+}
+
+// Largest elementwise difference of two weight vectors of the same size.
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
 }
 
 }  // namespace lockstep::testing

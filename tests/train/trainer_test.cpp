@@ -15,6 +15,7 @@
 namespace lockstep::train {
 namespace {
 
+using testing::max_abs_diff;
 using testing::synthetic_data;
 
 TrainConfig small_config(int replicas, std::int64_t micro_batch) {
@@ -26,13 +27,6 @@ TrainConfig small_config(int replicas, std::int64_t micro_batch) {
   c.evaluate = false;
   c.timeout = std::chrono::seconds(20);
   return c;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
 }
 
 struct EquivalenceCase {
