@@ -1,6 +1,7 @@
 #include "lockstep/train/trainer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
@@ -87,8 +88,10 @@ OnDivergence on_divergence_from_string(std::string_view name) {
 Fault fault_from_string(std::string_view spec) {
   const auto bad = [&] {
     return InvalidArgument("bad --inject '" + std::string(spec) +
-                           "': expected KIND@STEP:RANK with KIND bitflip, nan or throw, e.g. bitflip@20:3");
+                           "': expected same-seed, or KIND@STEP:RANK with KIND bitflip, nan or throw, e.g. "
+                           "bitflip@20:3");
   };
+  if (spec == "same-seed") return Fault{.kind = Fault::Kind::SameSeed};
   const auto at = spec.find('@'), colon = spec.find(':', at == spec.npos ? 0 : at);
   if (at == spec.npos || colon == spec.npos) throw bad();
   Fault f;
@@ -130,7 +133,18 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::size
                          {.momentum = c.momentum, .weight_decay = c.weight_decay, .nesterov = c.nesterov});
 }
 
-TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
+namespace {
+
+// What train() and train_replica() both derive from the config before any
+// replica starts.
+struct Plan {
+  ddp::DistributedSampler sampler;
+  std::int64_t total_steps = 0;
+  std::int64_t warmup = 0;
+  std::unique_ptr<nn::Model> probe;  // describes the model; never trained
+};
+
+Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
   validate(c, data);
   ddp::DistributedSampler sampler(
       {.dataset_size = data.train.size,
@@ -145,20 +159,110 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
     throw InvalidArgument("initial weights hold " + std::to_string(c.initial_params->size()) +
                           " values but the model has " + std::to_string(probe->layout().numel()));
   }
+  const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
+  return {std::move(sampler), total_steps, warmup, std::move(probe)};
+}
 
-  // Replicas share the cores: one BLAS thread each, unless there is only one.
-  // OpenBLAS's thread count is process-wide: set it for this run, restore it after.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  struct BlasThreads {
-    int previous = nn::blas_threads();
-    ~BlasThreads() { nn::set_blas_threads(previous); }
-  } restore_blas_threads;
-  nn::set_blas_threads(c.replicas >= cores ? 1 : std::max(1, cores / c.replicas));
+// OpenBLAS's thread count is process-wide: set it for one run, restore it after.
+class BlasThreads {
+ public:
+  // `replicas_here`: the replicas that share this host's cores. They get one
+  // BLAS thread each, unless there are fewer replicas than cores.
+  explicit BlasThreads(int replicas_here) : previous_(nn::blas_threads()) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    wanted_ = replicas_here >= cores ? 1 : std::max(1, cores / replicas_here);
+    if (wanted_ != previous_) nn::set_blas_threads(wanted_);
+  }
+  ~BlasThreads() {
+    if (wanted_ != previous_) nn::set_blas_threads(previous_);
+  }
+  BlasThreads(const BlasThreads&) = delete;
+  BlasThreads& operator=(const BlasThreads&) = delete;
+
+ private:
+  int previous_, wanted_;
+};
+
+// The result from the outputs of the replicas this process ran. `outputs[0]`
+// gives the run's shared view (losses and accuracies are all-reduced, so
+// every replica holds the same); traffic, step times and the timeline are
+// gathered from all of them.
+TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::ReplicaOutput>& outputs) {
+  TrainResult res;
+  const auto& o = outputs[0];
+  const auto& sampler = p.sampler;
+  res.replicas = c.replicas;
+  res.micro_batch = c.micro_batch;
+  res.accumulate = c.accumulate;
+  res.global_batch = sampler.global_batch();
+  res.steps = p.total_steps;
+  res.epochs_run = o.epochs_run;
+  res.final_loss = o.final_loss;
+  res.epoch_test_accuracy = o.epoch_test_accuracy;
+  if (!o.epoch_test_accuracy.empty()) res.test_accuracy = o.epoch_test_accuracy.back();
+  res.train_seconds = o.train_seconds;
+  res.samples_seen = 0;
+  for (std::int64_t step = 0; step < p.total_steps; ++step)
+    res.samples_seen += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
+  std::int64_t timed_samples = 0;
+  for (std::int64_t step = p.warmup; step < p.total_steps; ++step)
+    timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
+  res.samples_per_s = double(timed_samples) / o.train_seconds;
+  res.flops_per_sample = p.probe->train_flops_per_sample();
+  res.mfu = c.peak_flops > 0 ? res.samples_per_s * res.flops_per_sample / c.peak_flops : 0;
+  res.param_count = p.probe->layout().numel();
+  res.weight_bytes = p.probe->layout().bytes();
+  res.grad_bytes = p.probe->layout().bytes();
+  const auto probe_optimizer = make_optimizer(c, p.probe->layout().numel());
+  res.optimizer_state_bytes = probe_optimizer->state().size_bytes();
+  res.optimizer_description = probe_optimizer->describe();
+  res.allreduce_bytes_per_step_formula =
+      2 * res.grad_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
+  std::vector<detail::StepSample> samples;
+  for (auto& out : outputs) {
+    res.traffic.push_back(out.traffic);
+    samples.insert(samples.end(), out.steps.begin(), out.steps.end());
+    res.timeline.insert(res.timeline.end(), std::make_move_iterator(out.events.begin()),
+                        std::make_move_iterator(out.events.end()));
+  }
+  res.times = detail::median_times(samples);
+  res.buckets = o.buckets;
+  res.overlapped = o.overlapped;
+  res.model_description = p.probe->describe();
+  res.layout = p.probe->layout();
+  res.buffer_layout = p.probe->buffer_layout();
+  res.params = std::move(outputs[0].params);
+  res.handshake_fields = o.handshake_fields;
+  res.divergence_checks = o.divergence_checks;
+  res.accounting_checks = o.accounting_checks;
+  res.repairs = o.repairs;
+  res.skipped = o.skipped;
+  return res;
+}
+
+// The replicas that share this host's cores in a process group: torchrun's
+// LOCAL_WORLD_SIZE (set by `lockstep launch`), else the whole world.
+int local_world_size(int world_size) {
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  if (env == nullptr || *env == '\0') return world_size;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (*end != '\0' || v < 1 || v > world_size) {
+    throw InvalidArgument("LOCAL_WORLD_SIZE must be between 1 and the world size (" +
+                          std::to_string(world_size) + "), got '" + env + "'");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
+  Plan p = plan(c, data);
+  const BlasThreads blas_threads(c.replicas);  // every replica is a thread of this process
 
   auto comms = comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
-  const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
-  detail::Shared shared{c, data, hooks, sampler, total_steps, warmup, std::chrono::steady_clock::now()};
+  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   std::vector<detail::ReplicaOutput> outputs(c.replicas);
   std::vector<std::exception_ptr> errors(c.replicas);
   {
@@ -189,55 +293,47 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   }
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+  return assemble(c, p, outputs);
+}
 
-  TrainResult res;
-  const auto& o = outputs[0];
-  res.replicas = c.replicas;
-  res.micro_batch = c.micro_batch;
-  res.accumulate = c.accumulate;
-  res.global_batch = sampler.global_batch();
-  res.steps = total_steps;
-  res.epochs_run = o.epochs_run;
-  res.final_loss = o.final_loss;
-  res.epoch_test_accuracy = o.epoch_test_accuracy;
-  if (!o.epoch_test_accuracy.empty()) res.test_accuracy = o.epoch_test_accuracy.back();
-  res.train_seconds = o.train_seconds;
-  res.samples_seen = 0;
-  for (std::int64_t step = 0; step < total_steps; ++step)
-    res.samples_seen += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
-  std::int64_t timed_samples = 0;
-  for (std::int64_t step = warmup; step < total_steps; ++step)
-    timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
-  res.samples_per_s = double(timed_samples) / o.train_seconds;
-  res.flops_per_sample = probe->train_flops_per_sample();
-  res.mfu = c.peak_flops > 0 ? res.samples_per_s * res.flops_per_sample / c.peak_flops : 0;
-  res.param_count = probe->layout().numel();
-  res.weight_bytes = probe->layout().bytes();
-  res.grad_bytes = probe->layout().bytes();
-  const auto probe_optimizer = make_optimizer(c, probe->layout().numel());
-  res.optimizer_state_bytes = probe_optimizer->state().size_bytes();
-  res.optimizer_description = probe_optimizer->describe();
-  res.allreduce_bytes_per_step_formula =
-      2 * res.grad_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
-  std::vector<detail::StepSample> samples;
-  for (auto& out : outputs) {
-    res.traffic.push_back(out.traffic);
-    samples.insert(samples.end(), out.steps.begin(), out.steps.end());
-    res.timeline.insert(res.timeline.end(), std::make_move_iterator(out.events.begin()),
-                        std::make_move_iterator(out.events.end()));
+TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationData& data,
+                          comm::Communicator& comm, const TrainHooks& hooks) {
+  if (c.replicas != comm.size()) {
+    throw InvalidArgument("rank " + std::to_string(comm.rank()) + ": --replicas " +
+                          std::to_string(c.replicas) + " does not match the process group's world size " +
+                          std::to_string(comm.size()) + "; leave --replicas out or give the same number");
   }
-  res.times = detail::median_times(samples);
-  res.buckets = o.buckets;
-  res.overlapped = o.overlapped;
-  res.model_description = probe->describe();
-  res.layout = probe->layout();
-  res.buffer_layout = probe->buffer_layout();
-  res.params = o.params;
-  res.handshake_fields = o.handshake_fields;
-  res.divergence_checks = o.divergence_checks;
-  res.repairs = o.repairs;
-  res.skipped = o.skipped;
-  return res;
+  if (c.link.enabled()) {
+    throw InvalidArgument("a modelled link (--link-bandwidth/--link-latency) is for the threads backend; "
+                          "a process group has real links");
+  }
+  Plan p = plan(c, data);
+  const BlasThreads blas_threads(local_world_size(comm.size()));
+  comm.set_timeout(c.timeout);
+
+  // run_replica keeps the final weights on rank 0 only (train() needs no more);
+  // every other rank takes its own from the last step's hook.
+  // TODO(lead): with run_replica filling `params` on every rank this goes.
+  TrainHooks own = hooks;
+  std::vector<float> last_params;
+  own.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> params,
+                            std::span<const float> optimizer_state) {
+    if (step == p.total_steps - 1 && rank != 0) last_params.assign(params.begin(), params.end());
+    if (hooks.on_replica_step) hooks.on_replica_step(rank, step, params, optimizer_state);
+  };
+  detail::Shared shared{c, data, own, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  std::vector<detail::ReplicaOutput> outputs(1);
+  try {
+    outputs[0] = detail::run_replica(shared, comm);
+  } catch (const CommAborted&) {
+    throw;  // another rank's failure, already named in the reason
+  } catch (const std::exception& e) {
+    // Wake the other processes now, with the reason, instead of letting them time out.
+    comm.abort("rank " + std::to_string(comm.rank()) + " failed: " + e.what());
+    throw;
+  }
+  if (comm.rank() != 0) outputs[0].params = std::move(last_params);
+  return assemble(c, p, outputs);
 }
 
 }  // namespace lockstep::train
