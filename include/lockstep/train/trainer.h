@@ -196,4 +196,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config, std:
 TrainResult train(const TrainConfig& config, const data::ImageClassificationData& data,
                   const TrainHooks& hooks = {});
 
+// Runs this process's one replica of a group that spans processes (Gloo,
+// MPI: comm/process_group.h). `config.replicas` must equal comm.size(). The
+// result is the same as train()'s, seen from this rank: `params` and the
+// timeline hold this rank's own; traffic holds this rank's only.
+TrainResult train_replica(const TrainConfig& config, const data::ImageClassificationData& data,
+                          comm::Communicator& comm, const TrainHooks& hooks = {});
+
 }  // namespace lockstep::train
