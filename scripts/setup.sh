@@ -7,6 +7,7 @@ packages=(
   g++ cmake ninja-build pkg-config
   libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
+  libgloo-dev libhiredis-dev libssl-dev redis-server
   iproute2 python3
   dataset-fashion-mnist
 )

@@ -1,0 +1,92 @@
+// connect_gloo: join, mesh, handshake, communicator (process_group.h).
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <gloo/common/error.h>
+
+#include "gloo_communicator.h"
+#include "handshake.h"
+#include "lockstep/error.h"
+
+namespace lockstep::comm {
+namespace {
+
+using gloo_backend::Clock;
+
+// The local address of the interface that routes to `host`: a UDP socket
+// "connected" there (no packet is sent) has it as its own address.
+std::string address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) {
+    throw IoError("rendezvous host '" + host + "' cannot be resolved; give --bind ADDRESS");
+  }
+  const int fd = ::socket(res->ai_family, SOCK_DGRAM, 0);
+  std::string out;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (out.empty()) throw IoError("no route to rendezvous host '" + host + "'; give --bind ADDRESS");
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
+  const ProcessGroupOptions o = with_environment(given);
+  if (o.world_size < 1) {
+    throw InvalidArgument("gloo: world size " + std::to_string(o.world_size) +
+                          " (give --world-size N or WORLD_SIZE, N >= 1)");
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    throw InvalidArgument("gloo: rank " + std::to_string(o.rank) + " is not in [0, " +
+                          std::to_string(o.world_size) + ") (give --rank R or RANK)");
+  }
+  if (o.rendezvous.empty()) {
+    throw InvalidArgument("gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
+                          "LOCKSTEP_RENDEZVOUS)");
+  }
+  if (o.timeout.count() <= 0 || o.rendezvous_timeout.count() <= 0) {
+    throw InvalidArgument("gloo: timeouts must be positive");
+  }
+  // Refuse a bad secret file before touching the network.
+  const std::string secret = o.secret_file.empty() ? std::string() : gloo_backend::read_secret_file(o.secret_file);
+
+  auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id);
+  const auto deadline = Clock::now() + o.rendezvous_timeout;
+  gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
+
+  const std::string bind = !o.bind.empty()     ? o.bind
+                           : store->is_redis() ? address_towards(store->host(), store->port())
+                                               : "127.0.0.1";
+  auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
+  mesh->setTimeout(o.timeout);
+  mesh->connect(*store, bind, deadline);
+  try {
+    gloo_backend::authenticate_peers(*mesh, secret, o.job_id, o.timeout);
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    gloo_backend::publish_abort(*store, msg);
+    mesh->close_all();
+    if (dynamic_cast<const Error*>(&e) != nullptr) throw;
+    throw CommAborted("rank " + std::to_string(o.rank) + ": job handshake failed: " + msg);
+  }
+  auto comm = std::make_unique<gloo_backend::GlooCommunicator>(std::move(store), std::move(mesh));
+  comm->set_timeout(o.timeout);
+  return comm;
+}
+
+}  // namespace lockstep::comm

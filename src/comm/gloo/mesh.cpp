@@ -1,0 +1,187 @@
+// The mesh of TCP pairs (mesh.h), and the one place that inspects sockets:
+// to log the real address of a peer, the connected socket is found among this
+// process's file descriptors by the addresses both ends published.
+#include "mesh.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <thread>
+
+#include "lockstep/error.h"
+
+namespace lockstep::comm::gloo_backend {
+namespace {
+
+using gloo::transport::tcp::Address;
+
+// "addr/<r>": for each rank i, a 4-byte length and the bytes of r's listening
+// address for the pair with i (empty for i == r).
+std::string encode(const std::vector<std::vector<char>>& addresses) {
+  std::string s;
+  for (const auto& a : addresses) {
+    const auto n = static_cast<std::uint32_t>(a.size());
+    s.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    s.append(a.data(), a.size());
+  }
+  return s;
+}
+
+std::vector<std::vector<char>> decode(const std::string& s, int size, int from) {
+  std::vector<std::vector<char>> out;
+  std::size_t pos = 0;
+  for (int i = 0; i < size; ++i) {
+    std::uint32_t n = 0;
+    if (pos + sizeof(n) > s.size()) break;
+    std::memcpy(&n, s.data() + pos, sizeof(n));
+    pos += sizeof(n);
+    if (pos + n > s.size()) break;
+    out.emplace_back(s.begin() + pos, s.begin() + pos + n);
+    pos += n;
+  }
+  if (static_cast<int>(out.size()) != size || pos != s.size()) {
+    throw IoError("rendezvous: the addresses rank " + std::to_string(from) + " published are malformed");
+  }
+  return out;
+}
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+// The remote end of this process's socket whose local end is `mine` or whose
+// remote end is `theirs`; the listening side of a pair accepted on its
+// published address, the connecting side connected to the peer's.
+std::optional<sockaddr_storage> find_connected_peer(const sockaddr_storage& mine, const sockaddr_storage& theirs) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return std::nullopt;
+  std::optional<sockaddr_storage> found;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 && e->d_name[0] != '0') continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t ll = sizeof(local), rl = sizeof(remote);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rl) != 0) continue;
+    if (same_endpoint(local, mine) || same_endpoint(remote, theirs)) {
+      found = remote;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+std::string strip_location(const std::string& what) {  // gloo prefixes "[file:line] "
+  if (!what.empty() && what[0] == '[') {
+    if (const auto end = what.find("] "); end != std::string::npos) return what.substr(end + 2);
+  }
+  return what;
+}
+
+}  // namespace
+
+Mesh::Mesh(int rank, int size) : gloo::Context(rank, size), peer_addresses_(size) {}
+
+void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_point deadline) {
+  const std::string me = "rank " + std::to_string(rank);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = bind;
+  attr.ai_family = AF_UNSPEC;
+  try {
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw IoError(me + ": cannot listen on '" + bind + "': " + strip_location(e.what()));
+  }
+  transportContext_ = device_->createContext(rank, size);
+  // A pair's connect waits up to 5x this for the peer (tcp/pair.h); keep that within the deadline.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  transportContext_->setTimeout(std::max(std::chrono::milliseconds(100), left / 5));
+
+  std::vector<std::vector<char>> mine(size);
+  for (int i = 0; i < size; ++i) {
+    if (i != rank) mine[i] = transportContext_->createPair(i)->address().bytes();
+  }
+  store.set_if_absent("addr/" + std::to_string(rank), encode(mine));
+
+  // Every peer's addresses, or the ranks that did not publish them in time.
+  std::vector<std::vector<std::vector<char>>> theirs(size);
+  for (;;) {
+    std::vector<int> missing;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank || !theirs[i].empty()) continue;
+      if (auto v = store.try_get("addr/" + std::to_string(i))) {
+        theirs[i] = decode(*v, size, i);
+      } else {
+        missing.push_back(i);
+      }
+    }
+    if (missing.empty()) break;
+    throw_if_aborted(store, rank);
+    if (Clock::now() >= deadline) {
+      std::string list;
+      for (int m : missing) list += (list.empty() ? "" : ", ") + std::to_string(m);
+      throw TimeoutError("rendezvous " + store.address() + ": " + me + " timed out waiting for the addresses of rank" +
+                         (missing.size() > 1 ? "s " : " ") + list + ", which joined but did not publish them");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  for (int i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    const Address published(theirs[i][rank]);
+    peer_addresses_[i] = published.str();
+    try {
+      transportContext_->getPair(i)->connect(theirs[i][rank]);
+    } catch (const std::exception& e) {
+      const std::string msg = me + ": rendezvous: connecting to rank " + std::to_string(i) + " at " +
+                              peer_addresses_[i] + " failed: " + strip_location(e.what());
+      publish_abort(store, msg);
+      close_all();
+      throw CommAborted(msg);
+    }
+    if (auto remote = find_connected_peer(Address(mine[i]).getSockaddr(), published.getSockaddr())) {
+      peer_addresses_[i] = Address(*remote).str();
+    }
+  }
+}
+
+int Mesh::peer_named_in(const std::string& what) const {
+  for (int i = 0; i < size; ++i) {
+    if (i != rank && !peer_addresses_[i].empty() && what.find(peer_addresses_[i]) != std::string::npos) return i;
+  }
+  return -1;
+}
+
+void Mesh::close_all() noexcept {
+  if (!transportContext_) return;
+  try {
+    char byte = 0;
+    auto probe = transportContext_->createUnboundBuffer(&byte, 1);
+    probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+  } catch (...) {  // the provoked timeout: every pair is closed now
+  }
+}
+
+}  // namespace lockstep::comm::gloo_backend

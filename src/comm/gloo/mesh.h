@@ -1,0 +1,49 @@
+// Private: a full mesh of Gloo TCP pairs, one per peer, set up through the
+// rendezvous store.
+//
+// Gloo's own connectFullMesh waits on the store without a deadline we
+// control; this does the same steps (listen per peer, publish the addresses,
+// read the peers', connect) against our deadline and the group's abort key.
+//
+// Note [Closing the mesh]: Gloo 0.5 has no call that both closes every
+// connection and wakes every thread blocked on it. It does exactly that when
+// a wait on an unbound buffer times out (every pair of the context is
+// signalled and closed, unbound_buffer.cc), so close_all() provokes one such
+// timeout on a buffer of its own. Peers then see their connection to this
+// rank fail at once.
+#pragma once
+
+#include <gloo/context.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "join.h"
+
+namespace lockstep::comm::gloo_backend {
+
+class Mesh final : public gloo::Context {
+ public:
+  Mesh(int rank, int size);
+
+  // Listens on `bind` (one socket per peer; the kernel picks the ports),
+  // publishes the addresses under "addr/<rank>", reads each peer's and
+  // connects. TimeoutError names the ranks whose addresses did not appear by
+  // `deadline`; CommAborted names the peer whose connection failed.
+  void connect(RendezvousStore& store, const std::string& bind, Clock::time_point deadline);
+
+  // The address of `peer`'s end of our connection, as the socket sees it
+  // ("[ip]:port"); the address `peer` published if the socket is gone.
+  const std::string& peer_address(int peer) const { return peer_addresses_.at(peer); }
+  // The rank whose address appears in Gloo's error message `what`, or -1.
+  int peer_named_in(const std::string& what) const;
+
+  // Closes every connection and wakes every waiter (Note [Closing the mesh]). Never throws.
+  void close_all() noexcept;
+
+ private:
+  std::vector<std::string> peer_addresses_;
+};
+
+}  // namespace lockstep::comm::gloo_backend

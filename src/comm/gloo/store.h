@@ -1,0 +1,56 @@
+// Private: the rendezvous store of a Gloo process group, over Gloo's own
+// stores (gloo::rendezvous::FileStore for "file:DIR", RedisStore for
+// "redis://HOST:PORT"), with the two operations the join protocol needs and
+// no blocking call without a deadline.
+//
+// Every key is prefixed with the job id, so jobs that share a store stay apart.
+// Thread-safety: all methods may be called from any thread (one mutex).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gloo::rendezvous {
+class Store;
+}
+
+namespace lockstep::comm::gloo_backend {
+
+class RendezvousStore {
+ public:
+  // `address` is "file:DIR" (DIR must exist) or "redis://HOST:PORT". Throws
+  // InvalidArgument for any other form, IoError if the store cannot be reached.
+  RendezvousStore(const std::string& address, const std::string& job_id);
+  ~RendezvousStore();
+  RendezvousStore(const RendezvousStore&) = delete;
+  RendezvousStore& operator=(const RendezvousStore&) = delete;
+
+  // Sets `key` unless it exists. Returns false (and changes nothing) if it did.
+  // The file store checks and writes in two steps: two writers racing may both
+  // see true, and the later one wins; read back to know who did.
+  bool set_if_absent(const std::string& key, const std::string& value);
+  // The value of `key`, or nullopt if it is not set. Never blocks.
+  std::optional<std::string> try_get(const std::string& key);
+
+  bool is_redis() const { return redis_; }
+  // For a redis store: its host and port (to find the interface that routes to it).
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string key(const std::string& k) const { return job_id_ + "/" + k; }
+
+  std::string address_;
+  std::string job_id_;
+  bool redis_ = false;
+  std::string host_;
+  int port_ = 0;
+  std::mutex mu_;                                  // guards store_ (one redis connection)
+  std::unique_ptr<gloo::rendezvous::Store> store_;  // FileStore or RedisStore
+};
+
+}  // namespace lockstep::comm::gloo_backend

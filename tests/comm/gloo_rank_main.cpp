@@ -1,0 +1,233 @@
+// One rank of a Gloo process-group test: spawned N times by gloo_*_test.cpp
+// (posix_spawn, never fork from the test), each with its own rank.
+//
+//   lockstep_gloo_rank --scenario S --rank R --world-size N --rendezvous file:DIR
+//                      [--dir D] [--timeout-ms T] [--rendezvous-timeout-ms T]
+//                      [--secret-file F] [--job-id J] [--iterations K]
+//
+// Scenarios: grid (every collective over the closed-form grid), allreduce (one
+// checked all-reduce), hold (connect, mark D/connected.R, wait for D/go, one
+// all-reduce), after (one all-reduce, mark D/reduced.R, wait for D/go, one
+// more), loop (K all-reduces of 4 MiB, marking D/looping.R after the first).
+// Exit codes: 0 ok, 1 wrong result, 2 InvalidArgument, 3 CommAborted,
+// 4 TimeoutError, 5 another lockstep::Error, 6 anything else; the error goes
+// to stderr.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/comm/process_group.h"
+#include "lockstep/error.h"
+
+namespace {
+
+using namespace lockstep;
+using namespace lockstep::comm;
+
+struct Failed {
+  std::string what;
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Failed{what};
+}
+
+std::uint64_t digest(std::span<const float> v) {  // FNV-1a of the bytes
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::byte b : std::as_bytes(v)) h = (h ^ std::uint64_t(b)) * 1099511628211ull;
+  return h;
+}
+
+// Every rank holds the same bytes: rank 0's digests, broadcast once, against ours.
+void check_identical(Communicator& comm, std::vector<std::uint64_t> mine, const std::vector<std::string>& what) {
+  std::vector<std::uint64_t> root = mine;
+  broadcast(comm, std::as_writable_bytes(std::span<std::uint64_t>(root)), 0);
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    check(mine[i] == root[i], what[i] + ": rank " + std::to_string(comm.rank()) + " differs from rank 0");
+  }
+}
+
+float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+
+float expected(ReduceOp op, int n, std::size_t i) {
+  const float base = static_cast<float>((i % 7) + 1);
+  switch (op) {
+    case ReduceOp::Sum:
+      return base * n * (n + 1) / 2.0f;
+    case ReduceOp::Mean:
+      return base * n * (n + 1) / 2.0f / n;
+    case ReduceOp::Max:
+      return base * n;
+    case ReduceOp::Min:
+      return base;
+  }
+  return 0;
+}
+
+// The digests of the results so far, checked across ranks by check_identical.
+struct Digests {
+  std::vector<std::uint64_t> values;
+  std::vector<std::string> what;
+};
+
+void checked_allreduce(Communicator& comm, std::size_t count, ReduceOp op, Algorithm algorithm,
+                       Digests* digests = nullptr) {
+  const int n = comm.size();
+  std::vector<float> data(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+  allreduce(comm, data, {.op = op, .algorithm = algorithm});
+  const std::string what = std::string("allreduce ") + to_string(algorithm) + " " + to_string(op) + " n=" +
+                           std::to_string(n) + " count=" + std::to_string(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    check(data[i] == expected(op, n, i), what + " i=" + std::to_string(i) + ": got " + std::to_string(data[i]));
+  }
+  if (digests == nullptr) return check_identical(comm, {digest(data)}, {what});
+  digests->values.push_back(digest(data));
+  digests->what.push_back(what);
+}
+
+void grid(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t counts[] = {0, 1, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), 1000, std::size_t{1} << 20};
+  // Every count with every op; the largest (4 MiB, the same code path as 1000
+  // elements) with Sum only, to keep N = 8 processes on two cores quick.
+  Digests digests;
+  for (auto algorithm : {Algorithm::Ring, Algorithm::Naive, Algorithm::HalvingDoubling, Algorithm::Native, Algorithm::Auto})
+    for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min})
+      for (std::size_t count : counts)
+        if (count < (std::size_t{1} << 20) || op == ReduceOp::Sum) checked_allreduce(comm, count, op, algorithm, &digests);
+  check_identical(comm, digests.values, digests.what);
+
+  // Bytes on the wire, as the threads backend counts them (without the fingerprint's).
+  for (auto algorithm : {Algorithm::Ring, Algorithm::Native}) {
+    const std::size_t count = 24 * 1000;
+    std::vector<float> data(count, 1.0f);
+    const auto before = comm.stats().bytes_sent;
+    allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm, .verify = false});
+    const std::uint64_t p = count * sizeof(float);
+    check(comm.stats().bytes_sent - before == 2 * p * (n - 1) / n,
+          std::string("bytes sent by ") + to_string(algorithm));
+  }
+
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), std::size_t{1000}}) {
+    for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+      std::vector<float> in(count);
+      for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
+      const std::size_t b = count * r / n, e = count * (r + 1) / n;
+      std::vector<float> out(e - b);
+      reduce_scatter(comm, in, out, op);
+      for (std::size_t i = b; i < e; ++i) {
+        const float base = float(i % 5 + 1);
+        const float want = op == ReduceOp::Max ? base * n : op == ReduceOp::Sum ? base * n * (n + 1) / 2 : base * (n + 1) / 2.0f;
+        check(out[i - b] == want, "reduce_scatter count=" + std::to_string(count) + " i=" + std::to_string(i));
+      }
+    }
+  }
+  for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+    std::vector<float> in(block, float(r * 10)), out(block * n, -1.0f);
+    all_gather(comm, in, out);
+    for (std::size_t i = 0; i < out.size(); ++i) check(out[i] == float((i / block) * 10), "all_gather");
+  }
+  for (int root = 0; root < n; ++root) {
+    std::vector<float> data(37, static_cast<float>(r));
+    broadcast(comm, std::span<float>(data), root);
+    check(data == std::vector<float>(37, float(root)), "broadcast root " + std::to_string(root));
+  }
+  barrier(comm);
+}
+
+void mark(const std::string& dir, const std::string& name, int rank) {
+  std::ofstream(dir + "/" + name + "." + std::to_string(rank)) << "1";
+}
+
+void wait_for_go(const std::string& dir) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::ifstream(dir + "/go")) {
+    check(std::chrono::steady_clock::now() < give_up, "no go signal within 60 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int run(std::map<std::string, std::string>& a) {
+  ProcessGroupOptions o;
+  o.rank = std::stoi(a["--rank"]);
+  o.world_size = std::stoi(a["--world-size"]);
+  o.rendezvous = a["--rendezvous"];
+  o.timeout = std::chrono::milliseconds(std::stoi(a.count("--timeout-ms") ? a["--timeout-ms"] : "10000"));
+  o.rendezvous_timeout =
+      std::chrono::milliseconds(std::stoi(a.count("--rendezvous-timeout-ms") ? a["--rendezvous-timeout-ms"] : "30000"));
+  if (a.count("--secret-file")) o.secret_file = a["--secret-file"];
+  if (a.count("--job-id")) o.job_id = a["--job-id"];
+  const std::string scenario = a["--scenario"], dir = a["--dir"];
+  const int iterations = a.count("--iterations") ? std::stoi(a["--iterations"]) : 1000;
+
+  auto comm = connect(Backend::Gloo, o);
+  if (scenario == "grid") {
+    grid(*comm);
+  } else if (scenario == "allreduce") {
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+  } else if (scenario == "hold") {
+    mark(dir, "connected", o.rank);
+    wait_for_go(dir);
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+  } else if (scenario == "after") {
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+    mark(dir, "reduced", o.rank);
+    wait_for_go(dir);
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+  } else if (scenario == "loop") {
+    mark(dir, "connected", o.rank);
+    std::vector<float> data(std::size_t{1} << 20, 1.0f);
+    for (int i = 0; i < iterations; ++i) {
+      allreduce(*comm, data, {.op = ReduceOp::Mean});
+      if (i == 0) mark(dir, "looping", o.rank);
+    }
+  } else if (scenario == "time") {  // by hand: median time per all-reduce size, on stderr
+    for (std::size_t count : {std::size_t{1}, std::size_t{1024}, std::size_t{1} << 18, std::size_t{1} << 20}) {
+      std::vector<float> data(count, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iterations; ++i) allreduce(*comm, data, {.op = ReduceOp::Sum});
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (o.rank == 0) std::cerr << count * 4 << " bytes: " << us / iterations << " us\n";
+    }
+  } else {
+    throw InvalidArgument("unknown scenario " + scenario);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> args;
+  for (int i = 1; i + 1 < argc; i += 2) args[argv[i]] = argv[i + 1];
+  const std::string who = "gloo_rank " + args["--rank"] + ": ";
+  try {
+    return run(args);
+  } catch (const Failed& f) {
+    std::cerr << who << "wrong result: " << f.what << "\n";
+    return 1;
+  } catch (const lockstep::InvalidArgument& e) {
+    std::cerr << who << "InvalidArgument: " << e.what() << "\n";
+    return 2;
+  } catch (const lockstep::CommAborted& e) {
+    std::cerr << who << "CommAborted: " << e.what() << "\n";
+    return 3;
+  } catch (const lockstep::TimeoutError& e) {
+    std::cerr << who << "TimeoutError: " << e.what() << "\n";
+    return 4;
+  } catch (const lockstep::Error& e) {
+    std::cerr << who << "Error: " << e.what() << "\n";
+    return 5;
+  } catch (const std::exception& e) {
+    std::cerr << who << "exception: " << e.what() << "\n";
+    return 6;
+  }
+}

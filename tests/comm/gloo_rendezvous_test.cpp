@@ -1,0 +1,124 @@
+// Rendezvous of the Gloo backend: a real redis-server, a missing rank, a
+// duplicate rank and a world-size disagreement.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "gloo_group.h"
+#include "temp_dir_test.h"
+
+namespace lockstep::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class GlooRendezvous : public TempDirTest {
+ protected:
+  std::vector<std::string> args(int world_size, const std::string& scenario = "allreduce") const {
+    return {"--world-size", std::to_string(world_size), "--rendezvous", "file:" + (dir_ / "rdv").string(),
+            "--scenario", scenario};
+  }
+};
+
+std::string contains_msg(const RankExit& e) { return "log:\n" + e.log; }
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+bool accepts_connections(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+TEST_F(GlooRendezvous, RedisStoreWithARealServer) {
+  const char* server = "/usr/bin/redis-server";
+  if (!std::filesystem::exists(server)) {
+    GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  }
+  const int port = free_port();
+  GlooGroup redis(dir_);
+  redis.spawn_program({server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                       "no", "--dir", dir_.string()},
+                      "redis.log");
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (!accepts_connections(port)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "redis-server did not start on port " << port;
+    std::this_thread::sleep_for(10ms);
+  }
+  GlooGroup group(dir_);
+  group.spawn_all(3, {"--world-size", "3", "--rendezvous", "redis://127.0.0.1:" + std::to_string(port), "--scenario",
+                      "allreduce", "--job-id", "redis-test-" + std::to_string(::getpid())});
+  const auto exits = group.wait_all(50s);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].log;
+}
+
+TEST_F(GlooRendezvous, MissingRankTimesOutListingIt) {
+  GlooGroup group(dir_);
+  auto a = args(4);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "1000"});
+  for (int r : {0, 1, 3}) group.spawn(r, a);
+  const auto exits = group.wait_all(30s);
+  for (const auto& e : exits) {
+    EXPECT_EQ(e.code, 4) << contains_msg(e);
+    EXPECT_NE(e.log.find("rank 2 of 4 has not joined"), std::string::npos) << contains_msg(e);
+  }
+}
+
+TEST_F(GlooRendezvous, TwoMissingRanksAreBothListed) {
+  GlooGroup group(dir_);
+  auto a = args(4);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "1000"});
+  for (int r : {1, 2}) group.spawn(r, a);
+  const auto exits = group.wait_all(30s);
+  for (const auto& e : exits) EXPECT_NE(e.log.find("ranks 0, 3 of 4 have not joined"), std::string::npos) << e.log;
+}
+
+// Refused at once: the guard (20 s) is shorter than the rendezvous timeout (60 s).
+TEST_F(GlooRendezvous, DuplicateRankIsRefusedAtOnce) {
+  GlooGroup group(dir_);
+  auto a = args(3);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  for (int r : {0, 1, 1}) group.spawn(r, a);
+  const auto exits = group.wait_all(20s);
+  int named = 0;
+  for (const auto& e : exits) {
+    EXPECT_EQ(e.code, 2) << contains_msg(e);
+    named += e.log.find("rank 1 was claimed twice") != std::string::npos;
+  }
+  EXPECT_EQ(named, 3) << "every rank names the duplicate";
+}
+
+TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {
+  GlooGroup group(dir_);
+  auto a = args(3), b = args(4);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  b.insert(b.end(), {"--rendezvous-timeout-ms", "60000"});
+  group.spawn(0, a);
+  group.spawn(1, a);
+  group.spawn(2, b);
+  const auto exits = group.wait_all(20s);
+  for (const auto& e : exits) {
+    EXPECT_EQ(e.code, 2) << contains_msg(e);
+    EXPECT_NE(e.log.find("with world size 4"), std::string::npos) << contains_msg(e);
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::testing
