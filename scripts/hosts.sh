@@ -24,7 +24,9 @@
 # Topology: a switch namespace <run>-sw holds bridge br0 and one port hI per
 # host; host namespace <run>-hI holds eth0 (the other end of hI) and lo. The
 # machine's own interfaces are never touched: nothing is created in the root
-# namespace, and the hosts have no route out of 10.77.0.0/24.
+# namespace, and the hosts have no route out of 10.77.0.0/24. Each host has its
+# own hostname, hI, and an /etc/hosts (via /etc/netns/<run>-hI/) that names
+# every host of the run.
 #
 # Shaping: a tbf on the host's eth0 (egress) and one on its switch port hI (the
 # host's ingress), so every host has a full-duplex link of RATE each way. tbf
@@ -35,7 +37,7 @@
 # the rate. The queue (tbf limit) must hold at least one bucket; 8 ms lets two
 # senders share one receiver's link at its full rate (2 ms loses 10-15%).
 #
-# COMMAND runs through `ip netns exec` with this environment:
+# COMMAND runs through `ip netns exec` and `unshare --uts` with this environment:
 #   HOST=I  HOSTS=K  HOST_ADDR=A.B.C.(I+1)  HOST_ADDRS=comma list of all
 #   HOSTS_SUBNET=A.B.C  HOSTS_RATE=RATE  HOSTS_NS_PREFIX=<run>-  HOSTS_SCRIPT=this script
 # The run ends when every COMMAND has exited 0 (exit 0), or when the first one
@@ -43,7 +45,8 @@
 #
 # Cleanup, on any exit (success, failure, SIGINT, SIGTERM): every process in the
 # run's namespaces gets SIGTERM, then SIGKILL after 5 s, and the namespaces are
-# deleted (with them the bridge and the veth pairs). Names carry the script's
+# deleted (with them the bridge and the veth pairs), and so are the run's
+# /etc/netns files. Names carry the script's
 # pid, so runs do not collide, and `cleanup` finds the runs whose pid is dead
 # (a run killed with SIGKILL cannot clean up; run `cleanup` after a crash).
 set -euo pipefail
@@ -61,6 +64,7 @@ namespaces_of() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^$kTag-$1
 remove_run() {
   local prefix=$1 ns pids deadline
   local all=()
+  rm -rf "/etc/netns/$kTag-$prefix"*
   mapfile -t all < <(namespaces_of "$prefix")
   [ ${#all[@]} -gt 0 ] || return 0
   pids_in() { for ns in "${all[@]}"; do ip netns pids "$ns" 2>/dev/null || true; done; }
@@ -80,7 +84,8 @@ remove_run() {
 cleanup_command() {
   local everything=0 ns pid prefixes
   [ "${1:-}" = "--all" ] && everything=1
-  prefixes=$(namespaces_of "" | sed -E "s/^$kTag-([0-9]+)-.*/\1/" | sort -u)
+  prefixes=$( (namespaces_of ""; ls /etc/netns 2>/dev/null | grep "^$kTag-" || true) |
+             sed -E "s/^$kTag-([0-9]+)-.*/\1/" | sort -u)
   for pid in $prefixes; do
     if [ $everything -eq 1 ] || ! kill -0 "$pid" 2>/dev/null; then
       log "removing the namespaces of run $pid"
@@ -102,6 +107,13 @@ check_command() {
   exit 0
 }
 
+# Runs a command in host namespace $1 with hostname $2 (its own UTS namespace).
+enter_host() {
+  local ns=$1 name=$2
+  shift 2
+  ip netns exec "$ns" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+}
+
 # ssh stand-in: `rsh [-x ...] ADDRESS COMMAND...` runs COMMAND (one shell line,
 # as ssh would) in the host of this run that has ADDRESS (or is named hI).
 rsh_command() {
@@ -115,7 +127,8 @@ rsh_command() {
     "${HOSTS_SUBNET:-10.77.0}".*) index=$((${target##*.} - 1)) ;;
     *) die "rsh: $target is not a test host address in ${HOSTS_SUBNET:-10.77.0}.0/24" ;;
   esac
-  exec ip netns exec "${HOSTS_NS_PREFIX}h$index" bash -c "$*"
+  enter_host "${HOSTS_NS_PREFIX}h$index" "h$index" bash -c "$*"
+  exit
 }
 
 case "${1:-}" in
@@ -195,6 +208,10 @@ ip -n "$ns_sw" link set br0 up
 ip -n "$ns_sw" link set lo up
 for ((i = 0; i < hosts; i++)); do
   ns=$(ns_host $i)
+  # `ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts: hI resolves.
+  mkdir -p "/etc/netns/$ns"
+  { echo "127.0.0.1 localhost"; for ((j = 0; j < hosts; j++)); do echo "$(addr $j) h$j"; done; } \
+    > "/etc/netns/$ns/hosts"
   ip netns add "$ns"
   ip -n "$ns_sw" link add "h$i" type veth peer name eth0 netns "$ns"
   ip -n "$ns_sw" link set "h$i" master br0
@@ -219,10 +236,10 @@ for i in "${run_on[@]}"; do
   envs=(HOST="$i" HOSTS="$hosts" HOST_ADDR="$(addr "$i")" HOST_ADDRS="$addrs" HOSTS_SUBNET="$subnet"
         HOSTS_RATE="$rate" HOSTS_NS_PREFIX="$run" HOSTS_SCRIPT="$script")
   if [ $prefix_output -eq 1 ]; then
-    ip netns exec "$(ns_host "$i")" env "${envs[@]}" "$@" \
+    enter_host "$(ns_host "$i")" "h$i" env "${envs[@]}" "$@" \
       > >(sed -u "s/^/[h$i] /") 2> >(sed -u "s/^/[h$i] /" >&2) &
   else
-    ip netns exec "$(ns_host "$i")" env "${envs[@]}" "$@" &
+    enter_host "$(ns_host "$i")" "h$i" env "${envs[@]}" "$@" &
   fi
   host_of[$!]=$i
   children+=($!)
