@@ -8,6 +8,7 @@ packages=(
   libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
   libgloo-dev libhiredis-dev libssl-dev redis-server
+  openmpi-bin libopenmpi-dev
   iproute2 python3
   dataset-fashion-mnist
 )

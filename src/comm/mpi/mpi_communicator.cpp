@@ -1,0 +1,153 @@
+// The MPI backend: lockstep's Communicator over MPI point-to-point, with
+// MPI_Allreduce offered as Algorithm::Native.
+//
+//   mpirun -np N lockstep train --backend mpi
+//
+// mpirun starts the ranks and connects them, so ProcessGroupOptions'
+// rendezvous, bind and secret_file are not used here; rank and world size
+// come from MPI (the options may state them, and must then agree).
+//
+// - One MPI communicator per lockstep communicator (MPI_Comm_dup of
+//   MPI_COMM_WORLD), so lockstep's messages never meet a host program's.
+// - isend/irecv are MPI_Isend/MPI_Irecv of bytes; tags as in mpi_tags.h
+//   (Note [Tags in a window]); Work polls with a deadline (mpi_work.cpp).
+// - abort() sends the reason to every peer (Note [Abort over MPI]).
+// - Native all-reduce: MPI_Iallreduce (sum/max/min; mean = sum, then the
+//   same 1/N scaling as our algorithms), polled like any Work, after the
+//   fingerprint check every collective makes.
+#include <mpi.h>
+
+#include <climits>
+
+#include "../algorithms.h"
+#include "../fingerprint.h"
+#include "lockstep/comm/process_group.h"
+#include "lockstep/error.h"
+#include "mpi_channel.h"
+#include "mpi_session.h"
+#include "mpi_tags.h"
+#include "mpi_work.h"
+
+namespace lockstep::comm {
+namespace {
+
+using detail::MpiChannel;
+using detail::MpiOp;
+using detail::MpiWork;
+
+class MpiCommunicator final : public Communicator, private NativeAllreduce {
+ public:
+  explicit MpiCommunicator(std::shared_ptr<MpiChannel> channel) : channel_(std::move(channel)) {}
+
+  int rank() const override { return channel_->rank(); }
+  int size() const override { return channel_->size(); }
+
+  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+    check_call(peer, "send to", data.size());
+    channel_->bytes_sent += data.size();
+    ++channel_->messages_sent;
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      auto lock = channel_->session().lock();
+      detail::check_mpi(MPI_Isend(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
+                                  detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
+                        "MPI_Isend");
+    }
+    return std::make_unique<MpiWork>(channel_, request,
+                                     detail::MpiRequestInfo{MpiOp::Send, peer, tag, data.size(), {}});
+  }
+
+  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+    check_call(peer, "recv from", data.size());
+    channel_->bytes_received += data.size();
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      auto lock = channel_->session().lock();
+      detail::check_mpi(MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
+                                  detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
+                        "MPI_Irecv");
+    }
+    return std::make_unique<MpiWork>(channel_, request,
+                                     detail::MpiRequestInfo{MpiOp::Recv, peer, tag, data.size(), {}});
+  }
+
+  void abort(const std::string& reason) override { channel_->abort(reason); }
+  std::string abort_reason() const override { return channel_->poll_abort(); }
+
+  CommStats stats() const override {
+    return {channel_->bytes_sent.load(), channel_->bytes_received.load(), channel_->messages_sent.load()};
+  }
+
+  NativeAllreduce* native_allreduce() override { return this; }
+
+ private:
+  // NativeAllreduce: MPI_Allreduce, as MPI_Iallreduce so that the wait has a deadline.
+  bool shares_memory() const override { return false; }
+  void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
+    if (verify) check_fingerprint(fp);
+    if (data.size() > static_cast<std::size_t>(INT_MAX)) {
+      detail::invalid_call(*this, "the MPI all-reduce takes at most 2^31 - 1 elements, got " +
+                                      std::to_string(data.size()));
+    }
+    const MPI_Op op = fp.op == ReduceOp::Max ? MPI_MAX : fp.op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      auto lock = channel_->session().lock();
+      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, op,
+                                       channel_->comm(), &request),
+                        "MPI_Iallreduce");
+    }
+    MpiWork(channel_, request, {MpiOp::Allreduce, -1, fp.sequence, 0, describe(fp)}).wait(timeout());
+    detail::finish(data, fp.op, size());
+    // MPI does not say what it sent; count what the ring would (2P(N-1)/N),
+    // as the threads backend does for its shared-memory path.
+    const int n = size(), r = rank();
+    const std::size_t chunk = data.size() * (r + 1) / n - data.size() * r / n;
+    const std::uint64_t sent = (data.size() - chunk + chunk * (n - 1)) * sizeof(float);
+    channel_->bytes_sent += sent;
+    channel_->bytes_received += sent;
+  }
+
+  void check_call(int peer, const char* what, std::size_t bytes) {
+    const int r = rank(), n = size();
+    if (peer < 0 || peer >= n || peer == r) {
+      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " + std::to_string(peer) +
+                            " in a group of " + std::to_string(n));
+    }
+    if (bytes > static_cast<std::size_t>(INT_MAX)) {
+      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " + std::to_string(peer) +
+                            " " + std::to_string(bytes) + " bytes: MPI messages hold at most 2^31 - 1 bytes");
+    }
+    if (const std::string reason = channel_->poll_abort(); !reason.empty()) {
+      throw CommAborted("rank " + std::to_string(r) + ": communicator aborted: " + reason);
+    }
+  }
+
+  std::shared_ptr<MpiChannel> channel_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
+  auto channel = std::make_shared<MpiChannel>(detail::MpiSession::acquire(), MPI_COMM_WORLD);
+  const int rank = channel->rank(), size = channel->size();
+  if (options.rank >= 0 && options.rank != rank) {
+    throw InvalidArgument("MPI says this process is rank " + std::to_string(rank) + " but rank " +
+                          std::to_string(options.rank) + " was asked for (mpirun assigns ranks)");
+  }
+  if (options.world_size >= 0 && options.world_size != size) {
+    throw InvalidArgument("rank " + std::to_string(rank) + ": MPI says the world size is " +
+                          std::to_string(size) + " but " + std::to_string(options.world_size) +
+                          " was asked for (mpirun -np sets it)");
+  }
+  if (static_cast<std::uint64_t>(size) + 1 >= channel->tag_window()) {
+    throw InvalidArgument("rank " + std::to_string(rank) + ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
+                          std::to_string(channel->tag_window()) + " collectives in flight, too few for " +
+                          std::to_string(size) + " ranks (src/comm/mpi/mpi_tags.h)");
+  }
+  auto comm = std::make_unique<MpiCommunicator>(std::move(channel));
+  comm->set_timeout(options.timeout);
+  return comm;
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,165 @@
+// The collective grid of allreduce_test.cpp and scatter_gather_test.cpp, run
+// by every rank of `mpirun -np N` over the MPI backend: closed-form results,
+// bitwise identical on every rank, for ring, halving-doubling, naive and
+// native (MPI_Allreduce) x sum/mean/max/min; reduce-scatter, all-gather,
+// broadcast and barrier.
+//
+// A rank never returns early from a test (EXPECT, not ASSERT, around the
+// collectives): the others would wait for it until the timeout.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+#include "mpi_rank.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::mpi_world;
+
+float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+
+float expected(ReduceOp op, int n, std::size_t i) {
+  const float base = static_cast<float>((i % 7) + 1);
+  switch (op) {
+    case ReduceOp::Sum:
+      return base * n * (n + 1) / 2.0f;
+    case ReduceOp::Mean:
+      return base * n * (n + 1) / 2.0f / n;
+    case ReduceOp::Max:
+      return base * n;
+    case ReduceOp::Min:
+      return base;
+  }
+  return 0;
+}
+
+// FNV-1a of the bytes: one number per rank's result, compared across ranks.
+std::uint64_t digest(std::span<const float> data) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (std::byte b : std::as_bytes(data)) h = (h ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
+  return h;
+}
+
+// Every rank's digest against rank 0's (sent by broadcast, a plain copy).
+void expect_same_on_every_rank(Communicator& comm, std::span<const float> data, const std::string& what) {
+  const std::uint64_t mine = digest(data);
+  std::uint64_t rank0 = mine;
+  broadcast(comm, std::as_writable_bytes(std::span<std::uint64_t>(&rank0, 1)), 0);
+  EXPECT_EQ(mine, rank0) << "rank " << comm.rank() << " differs from rank 0: " << what;
+}
+
+struct GridCase {
+  Algorithm algorithm;
+  ReduceOp op;
+};
+
+class MpiAllreduceGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
+  const auto [algorithm, op] = GetParam();
+  Communicator& comm = mpi_world();
+  const int n = comm.size();
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
+                            std::size_t(n + 1), std::size_t{1000}, std::size_t{1} << 20}) {
+    std::vector<float> data(count);
+    for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+    allreduce(comm, data, {.op = op, .algorithm = algorithm});
+    std::size_t wrong = count;
+    for (std::size_t i = 0; i < count && wrong == count; ++i) {
+      // Mean is a sum scaled by 1/N: within a few ulp of the exact quotient.
+      const float want = expected(op, n, i);
+      if (op == ReduceOp::Mean ? std::abs(data[i] - want) > 4e-7f * want : data[i] != want) wrong = i;
+    }
+    EXPECT_EQ(wrong, count) << "n=" << n << " count=" << count << " first wrong element " << wrong << " = "
+                            << (wrong < count ? data[wrong] : 0.0f) << ", want "
+                            << (wrong < count ? expected(op, n, wrong) : 0.0f);
+    expect_same_on_every_rank(comm, data, "count " + std::to_string(count));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllAlgorithmsAndOps, MpiAllreduceGrid,
+    ::testing::Values(
+        GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
+        GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
+        GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
+        GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Sum},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Mean},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Max},
+        GridCase{Algorithm::HalvingDoubling, ReduceOp::Min}, GridCase{Algorithm::Native, ReduceOp::Sum},
+        GridCase{Algorithm::Native, ReduceOp::Mean}, GridCase{Algorithm::Native, ReduceOp::Max},
+        GridCase{Algorithm::Native, ReduceOp::Min}, GridCase{Algorithm::Auto, ReduceOp::Mean}),
+    [](const auto& info) {
+      return std::string(to_string(info.param.algorithm)) + "_" + to_string(info.param.op);
+    });
+
+TEST(MpiAllreduce, RingSendsTwoPTimesNMinusOneOverNBytes) {
+  Communicator& comm = mpi_world();
+  const int n = comm.size();
+  const std::size_t count = 24 * 1000 * 35;  // divisible by 2, 3, 4, 8
+  std::vector<float> data(count, 1.0f);
+  const auto before = comm.stats().bytes_sent;
+  allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring, .verify = false});
+  EXPECT_EQ(comm.stats().bytes_sent - before, 2 * count * sizeof(float) * (n - 1) / n);
+}
+
+TEST(MpiReduceScatter, EachRankGetsItsChunkOfTheSum) {
+  Communicator& comm = mpi_world();
+  const int n = comm.size(), r = comm.rank();
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
+                            std::size_t(n + 1), std::size_t{1000}}) {
+    for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+      std::vector<float> in(count);
+      for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
+      const std::size_t b = count * r / n, e = count * (r + 1) / n;
+      std::vector<float> out(e - b);
+      reduce_scatter(comm, in, out, op);
+      for (std::size_t i = b; i < e; ++i) {
+        const float base = float(i % 5 + 1);
+        const float want = op == ReduceOp::Max   ? base * n
+                           : op == ReduceOp::Sum ? base * n * (n + 1) / 2
+                                                 : base * (n + 1) / 2.0f;
+        EXPECT_FLOAT_EQ(out[i - b], want) << "n=" << n << " count=" << count << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(MpiAllGather, EveryRankGetsEveryBlockInRankOrder) {
+  Communicator& comm = mpi_world();
+  const int n = comm.size();
+  for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+    std::vector<float> in(block, float(comm.rank() * 10));
+    std::vector<float> out(block * n, -1.0f);
+    all_gather(comm, in, out);
+    std::size_t wrong = out.size();
+    for (std::size_t i = 0; i < out.size() && wrong == out.size(); ++i)
+      if (out[i] != float((i / block) * 10)) wrong = i;
+    EXPECT_EQ(wrong, out.size()) << "block " << block;
+  }
+}
+
+TEST(MpiBroadcast, EveryRankGetsRootData) {
+  Communicator& comm = mpi_world();
+  for (int root = 0; root < comm.size(); ++root) {
+    std::vector<float> data(37, static_cast<float>(comm.rank()));
+    broadcast(comm, std::span<float>(data), root);
+    EXPECT_EQ(data, std::vector<float>(37, float(root))) << "root " << root;
+  }
+}
+
+TEST(MpiBarrier, EveryRankPassesManyBarriers) {
+  Communicator& comm = mpi_world();
+  // Also walks the sequence number past many collectives on one communicator.
+  for (int i = 0; i < 200; ++i) barrier(comm);
+  std::vector<float> data(100, 1.0f);
+  allreduce(comm, data, {.op = ReduceOp::Sum});
+  EXPECT_EQ(data, std::vector<float>(100, float(comm.size())));
+}
+
+}  // namespace
+}  // namespace lockstep::comm

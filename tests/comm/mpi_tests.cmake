@@ -1,0 +1,25 @@
+# The MPI backend's tests, included from tests/comm/CMakeLists.txt when the
+# optional lockstep_comm_mpi target exists. One GoogleTest program run by
+# every rank of `mpirun -np N` (mpi_rank_main.cpp), for N = 2, 3, 4, 8.
+if(NOT TARGET lockstep_comm_mpi)
+  return()
+endif()
+
+add_executable(lockstep_mpi_tests mpi_rank_main.cpp mpi_collectives_test.cpp mpi_failure_test.cpp)
+target_link_libraries(lockstep_mpi_tests PRIVATE lockstep_comm_mpi GTest::gtest Threads::Threads)
+target_include_directories(lockstep_mpi_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+
+# We run as root in containers: OpenMPI refuses that unless told. Shared
+# memory (vader) between local ranks; more ranks than cores is expected.
+set(LOCKSTEP_MPI_TEST_ENV
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1
+  # OpenMPI keeps its allocations until exit: not ours to report.
+  ASAN_OPTIONS=detect_leaks=0)
+foreach(n 2 3 4 8)
+  add_test(NAME lockstep_mpi_tests.np${n}
+           COMMAND ${LOCKSTEP_MPIEXEC} -np ${n} --oversubscribe
+                   $<TARGET_FILE:lockstep_mpi_tests>)
+  set_tests_properties(lockstep_mpi_tests.np${n} PROPERTIES
+    LABELS process TIMEOUT 120 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
+endforeach()
