@@ -8,6 +8,11 @@
 // (every input read once, every output written once) and the memcpy
 // bandwidth (bytes read + written per second, all cores) is measured in the
 // same run.
+//
+// With --backend gloo (or mpi) every process runs the sweep as one rank of
+// the group (ranks, world size and rendezvous from the shared process-group
+// flags or the environment), and rank 0 prints the table or JSON; --algorithm
+// native times the transport library's own all-reduce.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +27,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "process_group_flags.h"
 
 namespace lockstep::cli {
 namespace {
@@ -35,6 +41,7 @@ struct Flags {
   int repeats = 0;  // 0: adaptive
   bool no_verify = false;
   bool json = false;
+  ProcessGroupFlags group;  // --backend threads (the default): `replicas` threads of this process
 };
 
 std::size_t parse_size(const std::string& s) {
@@ -76,12 +83,35 @@ double memcpy_bandwidth() {
   return best;
 }
 
-// Median seconds of one all-reduce of `bytes` per rank on `n` replicas.
+int adaptive_repeats(std::size_t bytes, int n, int repeats) {
+  if (repeats > 0) return repeats;
+  return static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
+}
+
+// One rank's side of the timing: two warm-up calls, then `repeats` timed
+// calls, each after a barrier. Fills `samples` (seconds) when it is non-null.
+void time_on_rank(comm::Communicator& c, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify,
+                  std::vector<double>* samples) {
+  std::vector<float> buf(bytes / sizeof(float), 1.0f);
+  const comm::AllreduceOptions options{.op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
+  for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
+  for (int i = 0; i < repeats; ++i) {
+    comm::barrier(c);
+    const auto t0 = Clock::now();
+    comm::allreduce(c, buf, options);
+    if (samples) (*samples)[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+}
+
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Median seconds of one all-reduce of `bytes` per rank on `n` in-process replicas.
 double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
   auto comms = comm::make_thread_group({.world_size = n});
-  const std::size_t count = bytes / sizeof(float);
-  if (repeats <= 0)
-    repeats = static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes * n, 1), 5, 2000));
+  repeats = adaptive_repeats(bytes, n, repeats);
   std::vector<double> samples(repeats);
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
@@ -89,16 +119,7 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
     threads.emplace_back([&, r] {
       comm::Communicator& c = *comms[r];
       try {
-        std::vector<float> buf(count, 1.0f);
-        const comm::AllreduceOptions options{
-            .op = comm::ReduceOp::Sum, .algorithm = algorithm, .verify = verify};
-        for (int w = 0; w < 2; ++w) comm::allreduce(c, buf, options);
-        for (int i = 0; i < repeats; ++i) {
-          comm::barrier(c);
-          const auto t0 = Clock::now();
-          comm::allreduce(c, buf, options);
-          if (r == 0) samples[i] = std::chrono::duration<double>(Clock::now() - t0).count();
-        }
+        time_on_rank(c, bytes, algorithm, repeats, verify, r == 0 ? &samples : nullptr);
       } catch (...) {  // e.g. out of memory for a huge size: stop the others, report after join
         errors[r] = std::current_exception();
         c.abort("rank " + std::to_string(r) + " failed");
@@ -108,8 +129,7 @@ double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int r
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return median(samples);
 }
 
 int run(const Flags& f) {
@@ -120,24 +140,40 @@ int run(const Flags& f) {
     pos = comma + 1;
   }
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
-  const double memcpy_bw = memcpy_bandwidth();
-  const int n = f.replicas;
+  const bool threads = backend_of(f.group) == comm::Backend::Threads;
+  // A process group: this process is one rank; rank 0 measures memcpy (the
+  // others wait in the first barrier) and prints.
+  std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
+  const bool printer = threads || group->rank() == 0;
+  const double memcpy_bw = printer ? memcpy_bandwidth() : 0;
+  const int n = threads ? f.replicas : group->size();
+  const std::string what = threads ? std::to_string(n) + " replicas"
+                                   : std::to_string(n) + " ranks (" + f.group.backend + " processes)";
   nlohmann::json rows = nlohmann::json::array();
-  if (!f.json) {
+  if (!f.json && printer) {
     std::printf(
-        "all-reduce (float sum), %d replicas, algorithm %s; memcpy bandwidth %.1f GB/s (read+write, all "
+        "all-reduce (float sum), %s, algorithm %s; memcpy bandwidth %.1f GB/s (read+write, all "
         "cores)\n\n",
-        n, f.algorithm.c_str(), memcpy_bw / 1e9);
+        what.c_str(), f.algorithm.c_str(), memcpy_bw / 1e9);
     std::printf("%12s %12s %12s %12s %10s\n", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "mem_ratio");
   }
   for (std::size_t bytes : sizes) {
-    const double t = time_allreduce(n, bytes, algorithm, f.repeats, !f.no_verify);
+    double t = 0;
+    if (threads) {
+      t = time_allreduce(n, bytes, algorithm, f.repeats, !f.no_verify);
+    } else {
+      std::vector<double> samples(adaptive_repeats(bytes, n, f.repeats));
+      time_on_rank(*group, bytes, algorithm, static_cast<int>(samples.size()), !f.no_verify, &samples);
+      t = median(samples);
+      if (!printer) continue;
+    }
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     const double ratio = 2.0 * n * bytes / t / memcpy_bw;
     rows.push_back({{"bytes", bytes},
                     {"algorithm", f.algorithm},
                     {"replicas", n},
+                    {"backend", f.group.backend},
                     {"time_us", t * 1e6},
                     {"algbw_gbps", algbw},
                     {"busbw_gbps", busbw},
@@ -145,7 +181,7 @@ int run(const Flags& f) {
                     {"memcpy_gbps", memcpy_bw / 1e9}});
     if (!f.json) std::printf("%12zu %12.1f %12.2f %12.2f %10.2f\n", bytes, t * 1e6, algbw, busbw, ratio);
   }
-  if (f.json) std::cout << rows.dump(2) << "\n";
+  if (f.json && printer) std::cout << rows.dump(2) << "\n";
   return 0;
 }
 
@@ -157,13 +193,15 @@ Action add_bench_allreduce_command(CLI::App& bench) {
       bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
-  cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas")->check(CLI::Range(1, 1024));
+  cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
-      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")
       ->check(CLI::Range(0, 100000));
   cmd->add_flag("--no-verify", flags->no_verify, "Skip the fingerprint check (to measure what it costs)");
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
+  add_process_group_flags(*cmd, flags->group);
   return [flags] { return run(*flags); };
 }
 

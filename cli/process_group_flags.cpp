@@ -1,0 +1,82 @@
+// The shared process-group flags (process_group_flags.h).
+#include "process_group_flags.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "lockstep/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+comm::Duration seconds(double s) { return comm::Duration(static_cast<std::int64_t>(std::ceil(s * 1000))); }
+
+}  // namespace
+
+void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_timeout) {
+  // Defaults from the environment, torchrun-style (`lockstep launch` sets
+  // both). Checked when used: a bad value is an error then, not here.
+  if (const char* b = std::getenv("LOCKSTEP_BACKEND"); b != nullptr && *b != '\0') f.backend = b;
+  if (const char* t = std::getenv("LOCKSTEP_RENDEZVOUS_TIMEOUT"); t != nullptr && *t != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(t, &end);
+    f.rendezvous_timeout_s = *end == '\0' && v > 0 && v <= 1e6 ? v : std::nan("");
+  }
+  cmd.add_option("--backend", f.backend,
+                 "threads: every replica a thread of this process; gloo or mpi: this process is one rank of a "
+                 "group of processes")
+      ->check(CLI::IsMember({"threads", "gloo", "mpi"}));
+  cmd.add_option("--rank", f.rank, "This process's rank (gloo; default: $RANK)")->check(CLI::Range(0, 1 << 20));
+  cmd.add_option("--world-size", f.world_size, "Number of ranks (gloo; default: $WORLD_SIZE)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--rendezvous", f.rendezvous,
+                 "Where the ranks meet: file:DIR (one host or a shared filesystem) or redis://HOST:PORT (gloo; "
+                 "default: $LOCKSTEP_RENDEZVOUS)");
+  cmd.add_option("--bind", f.bind,
+                 "Address this rank listens on (gloo; default: loopback for a file rendezvous, else the interface "
+                 "that routes to the rendezvous host; 0.0.0.0 only if given)");
+  cmd.add_option("--job-id", f.job_id, "Keeps jobs that share a rendezvous apart");
+  cmd.add_option("--secret-file", f.secret_file,
+                 "A file readable only by its owner; every rank proves it knows it to every peer (gloo; default: "
+                 "$LOCKSTEP_SECRET_FILE)");
+  cmd.add_option("--rendezvous-timeout", f.rendezvous_timeout_s, "Seconds to wait for every rank to join")
+      ->check(CLI::Range(0.001, 1e6));
+  if (with_timeout) {
+    cmd.add_option("--timeout", f.timeout_s, "Seconds any collective may wait before the group is aborted")
+        ->check(CLI::Range(0.001, 1e6));
+  }
+}
+
+comm::Backend backend_of(const ProcessGroupFlags& flags) { return comm::backend_from_string(flags.backend); }
+
+comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& f, std::ostream& warnings) {
+  if (!(f.rendezvous_timeout_s > 0)) {  // NaN: a bad LOCKSTEP_RENDEZVOUS_TIMEOUT
+    const char* env = std::getenv("LOCKSTEP_RENDEZVOUS_TIMEOUT");
+    throw InvalidArgument("LOCKSTEP_RENDEZVOUS_TIMEOUT must be a number of seconds up to 1e6, got '" +
+                          std::string(env != nullptr ? env : "") + "'");
+  }
+  comm::ProcessGroupOptions o;
+  o.rank = f.rank;
+  o.world_size = f.world_size;
+  o.rendezvous = f.rendezvous;
+  o.bind = f.bind;
+  o.job_id = f.job_id;
+  o.secret_file = f.secret_file;
+  o.timeout = seconds(f.timeout_s);
+  o.rendezvous_timeout = seconds(f.rendezvous_timeout_s);
+  o = comm::with_environment(o);
+  if (backend_of(f) == comm::Backend::Gloo && o.secret_file.empty() && o.rendezvous.rfind("redis://", 0) == 0) {
+    warnings << "lockstep: warning: no --secret-file: this job is open to anyone who can reach its ports "
+                "(give every rank the same owner-only --secret-file)\n";
+  }
+  return o;
+}
+
+std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlags& flags) {
+  const comm::Backend backend = backend_of(flags);
+  if (backend == comm::Backend::Threads) throw InvalidArgument("connect_process_group: not for --backend threads");
+  return comm::connect(backend, process_group_options(flags, std::cerr));
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,51 @@
+// The flags every command that can run as one rank of a process group
+// shares (`lockstep train`, `lockstep bench allreduce`, and what `lockstep
+// launch` passes on), parsed in one place:
+//
+//   --backend threads|gloo|mpi   --rank R --world-size N
+//   --rendezvous file:DIR|redis://HOST:PORT   --bind ADDRESS   --job-id ID
+//   --secret-file F   --rendezvous-timeout S   [--timeout S]
+//
+// Unset values come from the environment (RANK, WORLD_SIZE,
+// LOCKSTEP_RENDEZVOUS, LOCKSTEP_SECRET_FILE; comm::with_environment), and
+// the defaults of --backend and --rendezvous-timeout from LOCKSTEP_BACKEND
+// and LOCKSTEP_RENDEZVOUS_TIMEOUT (what `lockstep launch` sets).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "lockstep/comm/process_group.h"
+
+namespace lockstep::cli {
+
+struct ProcessGroupFlags {
+  std::string backend = "threads";
+  int rank = -1;        // -1: RANK
+  int world_size = -1;  // -1: WORLD_SIZE
+  std::string rendezvous;
+  std::string bind;
+  std::string job_id = "lockstep";
+  std::string secret_file;
+  double timeout_s = 60;
+  double rendezvous_timeout_s = 60;
+};
+
+// Adds the flags above to `cmd`, writing into `flags` (which must outlive
+// parsing). `with_timeout` false leaves --timeout to the command (it then
+// sets flags.timeout_s itself before connecting).
+void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& flags, bool with_timeout = true);
+
+comm::Backend backend_of(const ProcessGroupFlags& flags);  // throws InvalidArgument naming the choices
+
+// The options the flags and the environment give. Writes a warning to
+// `warnings` when the job will be reachable from other machines without a
+// secret (a redis rendezvous and no --secret-file).
+comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& flags, std::ostream& warnings);
+
+// process_group_options + comm::connect, warnings to stderr. The backend must not be threads.
+std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlags& flags);
+
+}  // namespace lockstep::cli
