@@ -12,6 +12,10 @@ namespace lockstep::cli {
 
 using Action = std::function<int()>;
 
+// Exit code of a command stopped because another rank of its process group
+// failed (CommAborted): `lockstep launch` names the rank that failed on its own.
+inline constexpr int kExitAbortedByPeer = 3;
+
 // "512,512" -> {512, 512}; throws InvalidArgument naming the flag (train_command.cpp).
 std::vector<std::int64_t> parse_hidden(const std::string& text);
 
@@ -22,5 +26,6 @@ Action add_bench_allreduce_command(CLI::App& bench);
 Action add_bench_overlap_command(CLI::App& bench);
 Action add_demo_command(CLI::App& app);  // demo_ragged.cpp
 Action add_plan_command(CLI::App& app);  // plan_command.cpp
+Action add_launch_command(CLI::App& app);  // launch_command.cpp
 
 }  // namespace lockstep::cli

@@ -1,7 +1,8 @@
 // lockstep: synchronous data-parallel training, from the command line.
 //
 // main() is the one place that turns errors into a message and an exit code:
-//   0 success, 1 a runtime error (file, data, replica failure), 2 a usage error.
+//   0 success, 1 a runtime error (file, data, replica failure), 2 a usage error,
+//   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   lockstep::cli::Action bench = lockstep::cli::add_bench_command(app);
   lockstep::cli::Action demo = lockstep::cli::add_demo_command(app);
   lockstep::cli::Action plan = lockstep::cli::add_plan_command(app);
+  lockstep::cli::Action launch = lockstep::cli::add_launch_command(app);
 
   try {
     app.parse(argc, argv);
@@ -28,10 +30,14 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return train();
     if (app.got_subcommand("demo")) return demo();
     if (app.got_subcommand("plan")) return plan();
+    if (app.got_subcommand("launch")) return launch();
     return bench();
   } catch (const lockstep::InvalidArgument& e) {
     std::cerr << "lockstep: error: " << e.what() << "\n";
     return 2;
+  } catch (const lockstep::CommAborted& e) {
+    std::cerr << "lockstep: error: " << e.what() << "\n";
+    return lockstep::cli::kExitAbortedByPeer;
   } catch (const std::bad_alloc&) {
     std::cerr << "lockstep: error: out of memory; lower --replicas, --micro-batch or --hidden.\n";
     return 1;

@@ -1,13 +1,17 @@
 // `lockstep train`: flags -> TrainConfig -> train() -> summary, report, weights.
+// With --backend gloo|mpi this process is one rank of a group of processes
+// (train_replica()); rank 0 alone prints and writes files.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "commands.h"
 #include "lockstep/cost/profile.h"
@@ -15,6 +19,7 @@
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/report.h"
 #include "peak_flops.h"
+#include "process_group_flags.h"
 
 namespace lockstep::cli {
 namespace {
@@ -39,6 +44,8 @@ struct TrainFlags {
   bool quiet = false;
   std::string init_file, save_file, report_file;
   CLI::Option* lr_option = nullptr;
+  ProcessGroupFlags group;  // --backend and the process-group flags
+  CLI::Option* replicas_option = nullptr;
 };
 
 // Fails before training, not after it, if the output cannot be written.
@@ -99,6 +106,44 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   return p;
 }
 
+// Fails before training, not after it, if an output cannot be written.
+void check_outputs(const TrainFlags& f) {
+  check_writable(f.save_file, "--save");
+  check_writable(f.report_file, "--report");
+  check_writable(f.trace_file, "--trace");
+  check_writable(f.svg_file, "--timeline-svg");
+  check_writable(f.profile_file, "--profile");
+  if (f.svg_step >= 0 && f.svg_file.empty())
+    throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
+}
+
+// A rank's error names the rank, and reaches the other ranks at once (abort).
+[[noreturn]] void rethrow_as_rank(comm::Communicator& group) {
+  const std::string rank = "rank " + std::to_string(group.rank());
+  const auto named = [&](const std::string& what) {
+    return what.rfind(rank + ":", 0) == 0 || what.rfind(rank + " ", 0) == 0 ? what : rank + ": " + what;
+  };
+  try {
+    throw;
+  } catch (const CommAborted& e) {
+    throw CommAborted(named(e.what()));  // another rank's failure: the group knows already
+  } catch (const InvalidArgument& e) {
+    if (!group.aborted()) group.abort(named(e.what()));
+    throw InvalidArgument(named(e.what()));
+  } catch (const std::exception& e) {
+    if (!group.aborted()) group.abort(named(e.what()));
+    throw Error(named(e.what()));
+  }
+}
+
+// Ranks that share this host's cores: LOCAL_WORLD_SIZE (as torchrun and
+// `lockstep launch` set it), else all of them.
+int ranks_per_host(int world_size) {
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  const int local = env != nullptr ? std::atoi(env) : 0;
+  return local >= 1 && local <= world_size ? local : world_size;
+}
+
 class ProgressPrinter {
  public:
   explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) == 1) {}
@@ -125,6 +170,9 @@ class ProgressPrinter {
   bool tty_;
 };
 
+int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data);
+int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group);
+
 int run_train(TrainFlags& f) {
   auto& c = f.config;
   c.hidden = parse_hidden(f.hidden);
@@ -143,30 +191,63 @@ int run_train(TrainFlags& f) {
   c.on_divergence = train::on_divergence_from_string(f.on_divergence);
   for (const auto& spec : f.inject) c.inject.push_back(train::fault_from_string(spec));
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
-  check_writable(f.save_file, "--save");
-  check_writable(f.report_file, "--report");
-  check_writable(f.trace_file, "--trace");
-  check_writable(f.svg_file, "--timeline-svg");
-  check_writable(f.profile_file, "--profile");
-  if (f.svg_step >= 0 && f.svg_file.empty())
-    throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
+  const bool in_group = backend_of(f.group) != comm::Backend::Threads;
+  if (!in_group) check_outputs(f);
 
+  // Every rank loads the data (and --init) itself, before the rendezvous:
+  // no collective timeout runs yet, so a slow disk cannot trip one.
   const auto data = data::load_image_classification(f.data_dir, {.normalize = f.normalize});
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     c.initial_params = nn::load_weights(f.init_file, model->layout());
   }
-  c.peak_flops = measure_peak_sgemm_flops();
-  if (!f.quiet) {
-    std::fprintf(stderr, "lockstep train: %d replicas x %lld on %s (%lld train, %lld test samples)\n",
-                 c.replicas, (long long)c.micro_batch, data.dir.c_str(), (long long)data.train.size,
-                 (long long)data.test.size);
+  if (!in_group) return train_and_report(f, data, nullptr);
+  return train_as_rank(f, data);
+}
+
+int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
+  f.group.timeout_s = f.timeout_s;
+  std::ostringstream warnings;
+  const auto group = comm::connect(backend_of(f.group), process_group_options(f.group, warnings));
+  if (group->rank() == 0) std::cerr << warnings.str() << std::flush;
+  try {
+    auto& c = f.config;
+    if (f.replicas_option->count() > 0 && c.replicas != group->size()) {
+      throw InvalidArgument("--replicas " + std::to_string(c.replicas) + " does not match the world size " +
+                            std::to_string(group->size()) + " of the process group; leave --replicas out.");
+    }
+    c.replicas = group->size();
+    if (group->rank() == 0) check_outputs(f);
+    return train_and_report(f, data, group.get());
+  } catch (...) {
+    rethrow_as_rank(*group);
+  }
+}
+
+int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
+  auto& c = f.config;
+  const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
+  if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
+  if (!f.quiet && rank0) {
+    std::fprintf(stderr, "lockstep train: %d replicas x %lld%s on %s (%lld train, %lld test samples)\n",
+                 c.replicas, (long long)c.micro_batch,
+                 group != nullptr ? (std::string(", one per process (") + f.group.backend + ")").c_str() : "",
+                 data.dir.c_str(), (long long)data.train.size, (long long)data.test.size);
   }
   ProgressPrinter printer(f.quiet);
-  const auto warn = [](const std::string& message) {
-    std::fprintf(stderr, "lockstep: warning: %s\n", message.c_str());  // one call: whole lines
+  const auto warn = [rank0](const std::string& message) {
+    if (rank0) std::fprintf(stderr, "lockstep: warning: %s\n", message.c_str());  // one call: whole lines
   };
-  const auto result = train::train(c, data, {.on_progress = std::ref(printer), .on_warning = warn});
+  const train::TrainHooks hooks{.on_progress = std::ref(printer), .on_warning = warn};
+  auto result = group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
+  if (!rank0) return 0;
+  if (group != nullptr) {
+    // Measured now that training is over: at start-up the other ranks would
+    // wait for it inside a collective. Peak of the whole job: this host's
+    // times the number of hosts (LOCAL_WORLD_SIZE ranks per host).
+    c.peak_flops = measure_peak_sgemm_flops() * group->size() / ranks_per_host(group->size());
+    result.mfu = result.samples_per_s * result.flops_per_sample / c.peak_flops;
+  }
 
   std::cout << train::summary_text(c, result);
   if (!f.save_file.empty()) {
@@ -224,9 +305,11 @@ Action add_train_command(CLI::App& app) {
                                      "Train a model with N replicas in lockstep (defaults: Fashion-MNIST, 8 "
                                      "x 32, MLP 784-512-512-10, 10 epochs)");
   cmd->option_defaults()->always_capture_default();
-  cmd->add_option("--replicas", c.replicas,
-                  "Number of replicas (threads), each with a full copy of the model")
-      ->check(CLI::Range(1, 1024));
+  flags->replicas_option =
+      cmd->add_option("--replicas", c.replicas,
+                      "Number of replicas, each with a full copy of the model: threads of this process, or "
+                      "with --backend gloo|mpi the world size (the default there)")
+          ->check(CLI::Range(1, 1024));
   cmd->add_option("--micro-batch", c.micro_batch,
                   "Samples per replica per step; global batch = replicas x micro-batch")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
@@ -317,6 +400,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");
+  add_process_group_flags(*cmd, flags->group, /*with_timeout=*/false);  // --timeout is above
   return [flags] { return run_train(*flags); };
 }
 

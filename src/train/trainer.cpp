@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <thread>
+#include <type_traits>
 
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
@@ -254,6 +255,18 @@ int local_world_size(int world_size) {
   return static_cast<int>(v);
 }
 
+// Every rank's traffic, as train() reports it: one small broadcast per rank,
+// after the run's own bytes were counted.
+std::vector<TrafficBytes> gather_traffic(comm::Communicator& comm, const TrafficBytes& mine) {
+  static_assert(std::is_trivially_copyable_v<TrafficBytes>);
+  std::vector<TrafficBytes> all(static_cast<std::size_t>(comm.size()));
+  all[static_cast<std::size_t>(comm.rank())] = mine;
+  for (int r = 0; r < comm.size(); ++r) {
+    comm::broadcast(comm, std::as_writable_bytes(std::span(&all[static_cast<std::size_t>(r)], 1)), r);
+  }
+  return all;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
@@ -329,11 +342,14 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
     throw;  // another rank's failure, already named in the reason
   } catch (const std::exception& e) {
     // Wake the other processes now, with the reason, instead of letting them time out.
-    comm.abort("rank " + std::to_string(comm.rank()) + " failed: " + e.what());
+    const std::string rank = "rank " + std::to_string(comm.rank()), what = e.what();
+    comm.abort(rank + " failed: " + (what.rfind(rank + ": ", 0) == 0 ? what.substr(rank.size() + 2) : what));
     throw;
   }
   if (comm.rank() != 0) outputs[0].params = std::move(last_params);
-  return assemble(c, p, outputs);
+  TrainResult result = assemble(c, p, outputs);
+  result.traffic = gather_traffic(comm, result.traffic[0]);
+  return result;
 }
 
 }  // namespace lockstep::train

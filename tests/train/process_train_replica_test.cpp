@@ -69,11 +69,14 @@ TEST(TrainReplica, EveryRankMatchesTrainBitForBit) {
       EXPECT_EQ(one.test_accuracy, whole.test_accuracy);
       EXPECT_EQ(one.steps, whole.steps);
       EXPECT_EQ(one.samples_seen, whole.samples_seen);
-      // This rank's own traffic, the same bytes train() counted for it.
-      ASSERT_EQ(one.traffic.size(), 1u);
-      EXPECT_EQ(one.traffic[0].gradients, whole.traffic[r].gradients);
-      EXPECT_EQ(one.traffic[0].init_broadcast, whole.traffic[r].init_broadcast);
-      EXPECT_EQ(one.traffic[0].unaccounted, 0u);
+      // Every rank's traffic, the same bytes train() counted for each.
+      ASSERT_EQ(one.traffic.size(), std::size_t(n));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_EQ(one.traffic[q].gradients, whole.traffic[q].gradients);
+        EXPECT_EQ(one.traffic[q].init_broadcast, whole.traffic[q].init_broadcast);
+        EXPECT_EQ(one.traffic[q].control, whole.traffic[q].control);
+        EXPECT_EQ(one.traffic[q].unaccounted, 0u);
+      }
     }
   }
 }

@@ -198,8 +198,11 @@ TrainResult train(const TrainConfig& config, const data::ImageClassificationData
 
 // Runs this process's one replica of a group that spans processes (Gloo,
 // MPI: comm/process_group.h). `config.replicas` must equal comm.size(). The
-// result is the same as train()'s, seen from this rank: `params` and the
-// timeline hold this rank's own; traffic holds this rank's only.
+// result is the same as train()'s, seen from this rank: `params`, the
+// timeline and the step-time medians are this rank's own; `traffic` holds
+// every rank's (gathered at the end). OpenBLAS threads: the cores are shared
+// by LOCAL_WORLD_SIZE processes (default: the world size). A failure on this
+// rank aborts the group with its reason, so the other ranks stop at once.
 TrainResult train_replica(const TrainConfig& config, const data::ImageClassificationData& data,
                           comm::Communicator& comm, const TrainHooks& hooks = {});
 

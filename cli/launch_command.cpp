@@ -1,0 +1,167 @@
+// `lockstep launch --nproc N -- train ...`: N processes of this same binary on
+// this host, one rank each, joined through a fresh file rendezvous.
+//
+// Each child gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE) plus LOCKSTEP_BACKEND, LOCKSTEP_RENDEZVOUS=file:DIR and
+// LOCKSTEP_RENDEZVOUS_TIMEOUT, which the process-group flags take as their
+// defaults. The rendezvous directory is created empty under $TMPDIR (or
+// /tmp) and removed afterwards. Output, signals and failure propagation:
+// process_supervisor.h. The launcher exits 0 when every rank did; else with
+// the first failed rank's exit code (128 + signal if it was killed), and its
+// last line on stderr names that rank and how it ended.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "commands.h"
+#include "lockstep/error.h"
+#include "process_supervisor.h"
+
+extern char** environ;
+
+namespace lockstep::cli {
+namespace {
+
+struct LaunchFlags {
+  int nproc = 0;
+  std::string backend = "gloo";
+  double rendezvous_timeout_s = 60;
+  double grace_s = 5;
+  std::vector<std::string> command;  // after "--": the subcommand and its flags
+};
+
+// The variables the launcher sets; the children never see an outer value of them.
+const std::set<std::string> kOwnVariables = {"RANK",          "WORLD_SIZE",         "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE", "LOCKSTEP_BACKEND", "LOCKSTEP_RENDEZVOUS",
+                                             "LOCKSTEP_RENDEZVOUS_TIMEOUT"};
+
+std::string self_executable() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw IoError("launch: cannot find this program's path (/proc/self/exe): " + ec.message());
+  return path.string();
+}
+
+// A fresh, empty directory for the file rendezvous; removed when done.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/lockstep-launch-XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      throw IoError("launch: cannot create a rendezvous directory under " + tmpl.substr(0, tmpl.rfind('/')) +
+                    ": " + std::strerror(errno));
+    }
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ignored;  // destructors never throw
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+int run_launch(const LaunchFlags& f) {
+  if (f.command.empty()) {
+    throw InvalidArgument("launch needs the command to run after --, e.g. lockstep launch --nproc 4 -- train");
+  }
+  if (f.command[0] == "launch") throw InvalidArgument("launch cannot launch itself; give e.g. -- train ...");
+  const std::string exe = self_executable();
+  const TempDir rendezvous;
+
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var = *e;
+    if (!kOwnVariables.contains(var.substr(0, var.find('=')))) inherited.push_back(var);
+  }
+  std::vector<ChildSpec> children;
+  for (int r = 0; r < f.nproc; ++r) {
+    ChildSpec c;
+    c.label = "rank " + std::to_string(r);
+    c.argv.push_back(exe);
+    c.argv.insert(c.argv.end(), f.command.begin(), f.command.end());
+    c.env = inherited;
+    for (const auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"RANK", std::to_string(r)},
+             {"WORLD_SIZE", std::to_string(f.nproc)},
+             {"LOCAL_RANK", std::to_string(r)},
+             {"LOCAL_WORLD_SIZE", std::to_string(f.nproc)},
+             {"LOCKSTEP_BACKEND", f.backend},
+             {"LOCKSTEP_RENDEZVOUS", "file:" + rendezvous.path()},
+             {"LOCKSTEP_RENDEZVOUS_TIMEOUT", seconds_text(f.rendezvous_timeout_s)}}) {
+      c.env.push_back(std::string(name) + "=" + value);
+    }
+    children.push_back(std::move(c));
+  }
+
+  std::vector<pid_t> pids;
+  SupervisorOptions options;
+  options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.grace_s * 1000)));
+  options.consequence_exit_code = kExitAbortedByPeer;
+  options.on_started = [&](int, pid_t pid) {
+    pids.push_back(pid);
+    if (static_cast<int>(pids.size()) != f.nproc) return;
+    std::string line = "lockstep launch: " + std::to_string(f.nproc) + " processes (" + f.backend +
+                       ", rendezvous file:" + rendezvous.path() + "), pids";
+    for (pid_t p : pids) line += " " + std::to_string(p);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  const SupervisorResult result = supervise(children, options);
+
+  if (result.first_failure) {
+    const ChildExit& e = *result.first_failure;
+    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s; the other ranks were stopped.\n", e.index,
+                 e.signaled ? "killed by " : "", describe(e).c_str());
+    if (e.signaled) return 128 + e.value;
+    return e.value;
+  }
+  if (result.forwarded_signal != 0) {
+    std::fprintf(stderr, "lockstep launch: interrupted by %s; stopped all %d ranks.\n",
+                 describe({.signaled = true, .value = result.forwarded_signal}).c_str(), f.nproc);
+    return 128 + result.forwarded_signal;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_launch_command(CLI::App& app) {
+  auto flags = std::make_shared<LaunchFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "launch",
+      "Run N local processes of a lockstep command as one job: lockstep launch --nproc 4 -- train ...");
+  cmd->option_defaults()->always_capture_default();
+  cmd->add_option("--nproc", flags->nproc, "Processes (ranks) to start on this host")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--backend", flags->backend, "Process backend the ranks use")
+      ->check(CLI::IsMember({"gloo"}));
+  cmd->add_option("--rendezvous-timeout", flags->rendezvous_timeout_s,
+                  "Seconds the ranks wait for each other to join")
+      ->check(CLI::Range(0.001, 1e6));
+  cmd->add_option("--grace", flags->grace_s,
+                  "Seconds between SIGTERM and SIGKILL when the job is stopped")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
+  return [flags] { return run_launch(*flags); };
+}
+
+}  // namespace lockstep::cli

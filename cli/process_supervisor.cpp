@@ -1,0 +1,348 @@
+// The supervisor's loop, in order:
+//   1. signal handlers first (SIGCHLD, SIGINT, SIGTERM write their number to
+//      a self-pipe), then fork+exec each child with all signals blocked
+//      until its exec, its output on two pipes and PR_SET_PDEATHSIG set;
+//   2. poll the children's pipes and the self-pipe (1 s at most per wait):
+//      relay whole lines, reap children on SIGCHLD, forward SIGINT/SIGTERM;
+//   3. on the first failure, SIGTERM the rest; SIGKILL them after the grace;
+//   4. once every child is reaped, read what is left in the pipes (2 s at
+//      most: a grandchild may hold them open), restore the handlers, return.
+//
+// Why fork+exec and not posix_spawn: PR_SET_PDEATHSIG (no orphans if the
+// launcher itself is killed) can only be set in the child. Between fork and
+// exec the child calls only async-signal-safe functions, on data prepared
+// before the fork, so the threads OpenBLAS may have started do not matter.
+#include "process_supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <memory>
+#include <string_view>
+
+#include "lockstep/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Note [One static]: a signal handler can reach nothing but statics, so the
+// self-pipe's write end is the one piece of global state; it is set only
+// while supervise() runs.
+int signal_pipe_write = -1;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const auto n = write(signal_pipe_write, &byte, 1);
+  errno = saved;
+}
+
+void write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // our own output is gone (EPIPE): nothing left to tell
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// One child stream to one of our fds: whole lines, each behind the prefix.
+class LineRelay {
+ public:
+  LineRelay(int from, int to, std::string prefix) : from_(from), to_(to), prefix_(std::move(prefix)) {}
+  LineRelay(const LineRelay&) = delete;
+  LineRelay& operator=(const LineRelay&) = delete;
+  ~LineRelay() { close_now(); }
+
+  int fd() const { return from_; }
+  bool open() const { return from_ >= 0; }
+
+  // One read; at end of file, flushes a last unterminated line and closes.
+  void on_readable() {
+    char buf[65536];
+    const ssize_t n = read(from_, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) return close_now();
+    pending_.append(buf, static_cast<std::size_t>(n));
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      emit(std::string_view(pending_).substr(start, nl - start));
+    }
+    pending_.erase(0, start);
+    if (pending_.size() > kMaxLine) {  // no newline in sight: pass it on as a line of its own
+      emit(pending_);
+      pending_.clear();
+    }
+  }
+
+  void close_now() {
+    if (from_ < 0) return;
+    if (!pending_.empty()) emit(pending_);
+    pending_.clear();
+    close(from_);
+    from_ = -1;
+  }
+
+ private:
+  static constexpr std::size_t kMaxLine = 1 << 20;
+  void emit(std::string_view line) {  // one write: lines never mix
+    std::string out;
+    out.reserve(prefix_.size() + line.size() + 1);
+    out.append(prefix_).append(line).push_back('\n');
+    write_all(to_, out);
+  }
+  int from_, to_;
+  std::string prefix_;
+  std::string pending_;  // the current line, not yet terminated
+};
+
+struct Pipe {
+  int read = -1, write = -1;
+};
+
+// Both ends -1 if it failed (errno says why).
+Pipe make_pipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {};
+  return {fds[0], fds[1]};
+}
+
+// Everything a child needs, prepared before the fork (no allocation after it).
+struct Exec {
+  std::vector<char*> argv, envp;
+  explicit Exec(const ChildSpec& spec) {
+    for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
+    argv.push_back(nullptr);
+    envp.push_back(nullptr);
+  }
+};
+
+[[noreturn]] void child_after_fork(const Exec& exec, pid_t parent, pid_t group, int devnull, Pipe out, Pipe err,
+                                   const sigset_t& mask) {
+  // Async-signal-safe calls only from here on. Our handlers would write into
+  // the supervisor's self-pipe: default actions before any signal is let in.
+  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);  // parent already gone
+  setpgid(0, group);
+  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out.write, STDOUT_FILENO) < 0 || dup2(err.write, STDERR_FILENO) < 0)
+    _exit(127);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+  execve(exec.argv[0], exec.argv.data(), exec.envp.data());
+  static const char msg[] = "launch: exec failed\n";
+  [[maybe_unused]] const auto n = write(STDERR_FILENO, msg, sizeof msg - 1);
+  _exit(127);
+}
+
+struct Child {
+  pid_t pid = -1;
+  bool reaped = false;
+  bool signalled = false;  // we sent it a signal
+  std::unique_ptr<LineRelay> out, err;
+};
+
+// Installs the handlers for the duration of supervise(); restores them after.
+class SignalScope {
+ public:
+  SignalScope() {
+    const Pipe p = make_pipe();
+    if (p.read < 0) throw IoError(std::string("launch: cannot create a pipe: ") + strerror(errno));
+    read_ = p.read;
+    fcntl(p.read, F_SETFL, O_NONBLOCK);
+    fcntl(p.write, F_SETFL, O_NONBLOCK);
+    signal_pipe_write = p.write;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &previous_[i]);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &previous_pipe_);
+  }
+  ~SignalScope() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+    sigaction(SIGPIPE, &previous_pipe_, nullptr);
+    close(signal_pipe_write);
+    signal_pipe_write = -1;
+    close(read_);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+  int fd() const { return read_; }
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGCHLD, SIGINT, SIGTERM};
+  int read_ = -1;
+  std::array<struct sigaction, 3> previous_{};
+  struct sigaction previous_pipe_ {};
+};
+
+}  // namespace
+
+std::string describe(const ChildExit& e) {
+  if (!e.signaled) return "exit code " + std::to_string(e.value);
+  const char* abbrev = sigabbrev_np(e.value);
+  return "signal " + std::to_string(e.value) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+SupervisorResult supervise(const std::vector<ChildSpec>& specs, const SupervisorOptions& options) {
+  SignalScope signals;
+  SupervisorResult result;
+  std::vector<Child> children(specs.size());
+  // Stopping the job: SIGTERM to whoever is left at term_at, SIGKILL at kill_at.
+  std::optional<Clock::time_point> term_at, kill_at;
+  bool killed = false;
+
+  const auto send_all = [&](int sig) {
+    for (auto& c : children) {
+      if (c.pid > 0 && !c.reaped) {
+        kill(c.pid, sig);  // an unreaped child keeps its pid: never someone else's
+        c.signalled = true;
+      }
+    }
+  };
+  const auto stop_by = [&](Clock::time_point t) {
+    if (!term_at || t < *term_at) term_at = t;
+  };
+  const auto reap = [&] {
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      auto& c = children[i];
+      int status = 0;
+      if (c.pid <= 0 || c.reaped || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.reaped = true;
+      ChildExit e{static_cast<int>(i), WIFSIGNALED(status), WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
+                  c.signalled};
+      result.exits.push_back(e);
+      // Killed by the signal we sent is our doing, not a failure of its own.
+      if (!e.failed() || (e.signaled && e.after_stop)) continue;
+      const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
+      const bool first_was_consequence =
+          result.first_failure && !result.first_failure->signaled &&
+          result.first_failure->value == options.consequence_exit_code;
+      if (!result.first_failure || (first_was_consequence && !consequence)) result.first_failure = e;
+      // A consequence means the group is aborted and its ranks are ending on
+      // their own: the grace lets the one that failed finish saying why.
+      stop_by(consequence ? Clock::now() + options.grace : Clock::now());
+    }
+  };
+
+  // 1. Start the children, all in the process group of the first.
+  {
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull < 0) throw IoError(std::string("launch: cannot open /dev/null: ") + strerror(errno));
+    sigset_t all, mask;
+    sigfillset(&all);
+    pid_t group = 0;
+    std::string failure;
+    for (std::size_t i = 0; i < specs.size() && failure.empty(); ++i) {
+      const Exec exec(specs[i]);
+      const Pipe out = make_pipe(), err = make_pipe();
+      if (out.read < 0 || err.read < 0) {
+        failure = std::string("launch: cannot create a pipe: ") + strerror(errno);
+        for (int fd : {out.read, out.write, err.read, err.write})
+          if (fd >= 0) close(fd);
+        break;
+      }
+      const pid_t parent = getpid();
+      sigprocmask(SIG_SETMASK, &all, &mask);  // no handler may run in the child before exec
+      const pid_t pid = fork();
+      if (pid == 0) child_after_fork(exec, parent, group, devnull, out, err, mask);
+      const int fork_errno = errno;
+      sigprocmask(SIG_SETMASK, &mask, nullptr);
+      close(out.write);
+      close(err.write);
+      if (pid < 0) {
+        close(out.read), close(err.read);
+        failure = std::string("launch: cannot start a process: ") + strerror(fork_errno);
+        break;
+      }
+      setpgid(pid, group);  // also here: whichever runs first, the child is in the group before we signal it
+      if (group == 0) group = pid;
+      children[i].pid = pid;
+      children[i].out = std::make_unique<LineRelay>(out.read, STDOUT_FILENO, "[" + specs[i].label + "] ");
+      children[i].err = std::make_unique<LineRelay>(err.read, STDERR_FILENO, "[" + specs[i].label + "] ");
+      if (options.on_started) options.on_started(static_cast<int>(i), pid);
+    }
+    close(devnull);
+    if (!failure.empty()) {
+      send_all(SIGKILL);
+      for (auto& c : children)
+        if (c.pid > 0 && !c.reaped) waitpid(c.pid, nullptr, 0);  // SIGKILLed: returns at once
+      throw IoError(failure);
+    }
+  }
+
+  // 2-3. Relay, reap, forward, stop.
+  std::optional<Clock::time_point> drain_until;
+  for (;;) {
+    const bool all_reaped = std::all_of(children.begin(), children.end(), [](const Child& c) { return c.reaped; });
+    if (all_reaped && !drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
+    std::vector<pollfd> fds{{signals.fd(), POLLIN, 0}};
+    std::vector<LineRelay*> relays;
+    for (auto& c : children) {
+      for (LineRelay* r : {c.out.get(), c.err.get()}) {
+        if (r != nullptr && r->open()) {
+          fds.push_back({r->fd(), POLLIN, 0});
+          relays.push_back(r);
+        }
+      }
+    }
+    if (all_reaped && relays.empty()) break;
+    const auto now = Clock::now();
+    if (drain_until && now >= *drain_until) break;
+    if (term_at && !kill_at && now >= *term_at) {
+      send_all(SIGTERM);
+      kill_at = now + options.grace;
+    }
+    if (kill_at && !killed && now >= *kill_at) {
+      send_all(SIGKILL);
+      killed = true;
+    }
+    auto wait = std::chrono::milliseconds(1000);
+    for (const auto& deadline : {kill_at ? std::nullopt : term_at, killed ? std::nullopt : kill_at, drain_until}) {
+      if (deadline) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now);
+        wait = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
+      }
+    }
+    if (poll(fds.data(), fds.size(), static_cast<int>(wait.count())) < 0 && errno != EINTR) {
+      throw IoError(std::string("launch: poll failed: ") + strerror(errno));
+    }
+    for (std::size_t k = 1; k < fds.size(); ++k)
+      if (fds[k].revents != 0) relays[k - 1]->on_readable();
+    if (fds[0].revents != 0) {
+      unsigned char got[64];
+      ssize_t n;
+      while ((n = read(signals.fd(), got, sizeof got)) > 0) {
+        for (ssize_t k = 0; k < n; ++k) {
+          if (got[k] == SIGCHLD) continue;  // reaped below
+          if (result.forwarded_signal != 0) {  // the second one: no more grace
+            send_all(SIGKILL);
+            killed = true;
+            continue;
+          }
+          result.forwarded_signal = got[k];
+          send_all(got[k]);
+          stop_by(Clock::now());  // sent already: SIGKILL after the grace
+          if (!kill_at) kill_at = Clock::now() + options.grace;
+        }
+      }
+    }
+    reap();  // also without SIGCHLD: cheap, and robust to a coalesced signal
+  }
+  // 4. Whatever a grandchild still holds open is cut off here (destructors close the pipes).
+  return result;
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,74 @@
+// Runs a few child processes as one job (`lockstep launch`): relays their
+// output line by line under a label, forwards SIGINT/SIGTERM to them, and
+// when one fails stops the rest.
+//
+// Contract:
+// - Each child's stdout and stderr go to this process's stdout and stderr,
+//   one whole line at a time, each line prefixed with the child's label
+//   ("[rank 2] "). Lines of different children never mix within a line.
+//   stdin is /dev/null.
+// - The children form one process group (not the caller's), so a terminal's
+//   Ctrl-C reaches only the supervisor, which forwards it. Each child gets
+//   PR_SET_PDEATHSIG(SIGKILL): if the supervisor dies, so do they.
+// - A child fails when it exits non-zero or is killed by a signal. On the
+//   first failure every other child gets SIGTERM, and SIGKILL `grace` later
+//   if it is still there. When that failure is only a consequence of another
+//   (`consequence_exit_code`), the SIGTERM waits `grace` first: the others are
+//   ending on their own, and the one that caused it gets to say why.
+//   SIGINT/SIGTERM to the supervisor are forwarded, SIGKILL follows after
+//   `grace`; a second SIGINT/SIGTERM sends SIGKILL at once.
+// - supervise() returns once every child has been reaped (no zombies, no
+//   orphans). Every wait inside is bounded (poll with a timeout).
+//
+// Must be called from the process's main thread (the death signal is tied to
+// the thread that forks). It installs handlers for SIGCHLD, SIGINT, SIGTERM
+// and ignores SIGPIPE while it runs, and restores them before returning.
+// Throws IoError if a pipe or process cannot be created (after stopping the
+// children already started).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace lockstep::cli {
+
+struct ChildSpec {
+  std::string label;              // e.g. "rank 2": the output prefix "[rank 2] "
+  std::vector<std::string> argv;  // argv[0] is the program's path
+  std::vector<std::string> env;   // "NAME=value", the child's whole environment
+};
+
+struct ChildExit {
+  int index = -1;           // into the children given to supervise()
+  bool signaled = false;    // killed by a signal (`value` is the signal), else exited (`value` is the code)
+  int value = 0;
+  bool after_stop = false;  // the supervisor had already sent it a signal
+  bool failed() const { return signaled || value != 0; }
+};
+// "exit code 1", "signal 9 (SIGKILL)"
+std::string describe(const ChildExit& e);
+
+struct SupervisorOptions {
+  std::chrono::milliseconds grace{5000};  // between SIGTERM and SIGKILL
+  // An exit code that means "stopped because another child failed" (lockstep:
+  // 3, CommAborted). Such a failure is named first only if no child failed
+  // on its own; -1: none.
+  int consequence_exit_code = -1;
+  // Called once per child as it starts (e.g. to print its pid).
+  std::function<void(int index, pid_t pid)> on_started;
+};
+
+struct SupervisorResult {
+  std::vector<ChildExit> exits;            // in the order they were reaped
+  std::optional<ChildExit> first_failure;  // the failure that stopped the job, if any
+  int forwarded_signal = 0;                // SIGINT or SIGTERM received and forwarded, else 0
+  bool ok() const { return !first_failure && forwarded_signal == 0; }
+};
+
+SupervisorResult supervise(const std::vector<ChildSpec>& children, const SupervisorOptions& options);
+
+}  // namespace lockstep::cli

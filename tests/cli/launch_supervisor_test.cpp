@@ -1,0 +1,198 @@
+// The launcher's supervisor (cli/process_supervisor.h) with /bin/sh children:
+// whole prefixed lines, stdout and stderr apart, failure propagation (SIGTERM,
+// then SIGKILL after the grace), which failure is named first, and forwarded
+// signals. Every case runs under a wall-clock guard (an alarm that kills the
+// test process), so a hang fails instead of stalling CTest.
+#include "process_supervisor.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <atomic>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace lockstep::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+ChildSpec sh(const std::string& label, const std::string& script) {
+  return {label, {"/bin/sh", "-c", script}, environment()};
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A fresh path one child creates when it is ready; wait_for(path) is the
+// shell that waits for it (at most 30 s) before going on.
+std::string marker(const std::string& name) {
+  const fs::path p = fs::path(LOCKSTEP_TEST_TMPDIR) / "supervisor" / (name + ".ready");
+  fs::create_directories(p.parent_path());
+  fs::remove(p);
+  return p.string();
+}
+std::string wait_for(const std::string& path) {
+  return "i=0; while [ ! -e " + path + " ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; ";
+}
+
+struct Captured {
+  SupervisorResult result;
+  std::string out, err;
+};
+
+// Runs supervise() with this process's stdout and stderr sent to files.
+Captured run(const std::vector<ChildSpec>& children, SupervisorOptions options = {}) {
+  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / "supervisor";
+  fs::create_directories(dir);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int saved_out = dup(1), saved_err = dup(2);
+  FILE* out = std::fopen((dir / "out").c_str(), "w");
+  FILE* err = std::fopen((dir / "err").c_str(), "w");
+  dup2(fileno(out), 1);
+  dup2(fileno(err), 2);
+  alarm(60);  // the wall-clock guard: SIGALRM ends the test process
+  Captured c;
+  try {
+    c.result = supervise(children, options);
+  } catch (...) {
+    alarm(0);
+    dup2(saved_out, 1), dup2(saved_err, 2);
+    throw;
+  }
+  alarm(0);
+  dup2(saved_out, 1);
+  dup2(saved_err, 2);
+  close(saved_out), close(saved_err);
+  std::fclose(out);
+  std::fclose(err);
+  c.out = read_file(dir / "out");
+  c.err = read_file(dir / "err");
+  return c;
+}
+
+TEST(Supervisor, RelaysWholePrefixedLinesWithStdoutAndStderrApart) {
+  // A line written in three pieces, a last line without a newline, and both streams.
+  const auto c = run({sh("rank 0", "printf 'ab'; sleep 0.05; printf 'c\\nd'; echo e >&2; printf tail"),
+                      sh("rank 1", "echo one; echo two >&2")});
+  EXPECT_TRUE(c.result.ok());
+  EXPECT_EQ(c.result.exits.size(), 2u);
+  EXPECT_NE(c.out.find("[rank 0] abc\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("[rank 0] dtail\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("[rank 1] one\n"), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("two"), std::string::npos) << c.out;
+  EXPECT_NE(c.err.find("[rank 0] e\n"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("[rank 1] two\n"), std::string::npos) << c.err;
+  // Every line carries a prefix: nothing was cut or mixed.
+  std::istringstream lines(c.out + c.err);
+  for (std::string line; std::getline(lines, line);) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
+}
+
+TEST(Supervisor, ManyLinesFromManyChildrenNeverMix) {
+  std::vector<ChildSpec> children;
+  for (int r = 0; r < 4; ++r) {
+    children.push_back(sh("rank " + std::to_string(r),
+                          "i=0; while [ $i -lt 300 ]; do echo r" + std::to_string(r) +
+                              "-line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"));
+  }
+  const auto c = run(children);
+  ASSERT_TRUE(c.result.ok());
+  const std::regex whole(R"(\[rank (\d)\] r\1-line-\d+-x{40})");
+  std::istringstream lines(c.out);
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) EXPECT_TRUE(std::regex_match(line, whole)) << line;
+  EXPECT_EQ(count, 4 * 300);
+}
+
+TEST(Supervisor, FirstFailureStopsTheOthers) {
+  const auto c = run({sh("rank 0", "exec sleep 30"), sh("rank 1", "echo dying >&2; exit 7"),
+                      sh("rank 2", "exec sleep 30")});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_FALSE(c.result.first_failure->signaled);
+  EXPECT_EQ(c.result.first_failure->value, 7);
+  EXPECT_EQ(describe(*c.result.first_failure), "exit code 7");
+  ASSERT_EQ(c.result.exits.size(), 3u);
+  for (const auto& e : c.result.exits) {
+    if (e.index == 1) continue;
+    EXPECT_TRUE(e.signaled && e.value == SIGTERM && e.after_stop) << describe(e);
+  }
+  EXPECT_NE(c.err.find("[rank 1] dying"), std::string::npos);
+}
+
+TEST(Supervisor, AChildThatIgnoresSigtermIsKilledAfterTheGrace) {
+  const std::string mark = marker("ignoring");
+  const auto c = run({sh("rank 0", "trap '' TERM; touch " + mark + "; while :; do sleep 0.05; done"),
+                      sh("rank 1", wait_for(mark) + "kill -9 $$")},
+                     {.grace = std::chrono::milliseconds(300)});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_EQ(describe(*c.result.first_failure), "signal 9 (SIGKILL)");
+  ASSERT_EQ(c.result.exits.size(), 2u);
+  EXPECT_EQ(c.result.exits[1].index, 0);
+  EXPECT_TRUE(c.result.exits[1].signaled);
+  EXPECT_EQ(c.result.exits[1].value, SIGKILL);
+}
+
+// A rank stopped by another's failure (exit code 3) is not named if the one
+// that failed on its own ends after it; and it is not cut short: after a
+// consequence the others get the grace to end on their own.
+TEST(Supervisor, NamesTheCauseNotTheConsequence) {
+  const auto c = run({sh("rank 0", "exit 3"), sh("rank 1", "sleep 0.3; echo why >&2; exit 1")},
+                     {.grace = std::chrono::seconds(20), .consequence_exit_code = 3});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_EQ(c.result.first_failure->value, 1);
+  EXPECT_FALSE(c.result.first_failure->after_stop);
+  EXPECT_NE(c.err.find("[rank 1] why"), std::string::npos) << c.err;
+  // With only consequences, the first of them is named.
+  const auto d = run({sh("rank 0", "exit 3"), sh("rank 1", "exec sleep 30")},
+                     {.grace = std::chrono::milliseconds(200), .consequence_exit_code = 3});
+  ASSERT_TRUE(d.result.first_failure);
+  EXPECT_EQ(d.result.first_failure->index, 0);
+  ASSERT_EQ(d.result.exits.size(), 2u);
+  EXPECT_EQ(describe(d.result.exits[1]), "signal 15 (SIGTERM)");
+}
+
+TEST(Supervisor, ForwardsSigintToEveryChild) {
+  std::atomic<bool> started{false};
+  std::thread interrupt([&] {
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kill(getpid(), SIGINT);  // as a terminal's Ctrl-C would
+  });
+  const auto c = run({sh("rank 0", "exec sleep 30"), sh("rank 1", "exec sleep 30")},
+                     {.on_started = [&](int index, pid_t) { started = started || index == 1; }});
+  interrupt.join();
+  EXPECT_EQ(c.result.forwarded_signal, SIGINT);
+  EXPECT_FALSE(c.result.first_failure);
+  EXPECT_FALSE(c.result.ok());
+  ASSERT_EQ(c.result.exits.size(), 2u);
+  for (const auto& e : c.result.exits) EXPECT_TRUE(e.signaled && e.value == SIGINT) << describe(e);
+}
+
+TEST(Supervisor, AProgramThatCannotStartIsAFailure) {
+  const auto c = run({{"rank 0", {"/nonexistent/program"}, environment()}});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->value, 127);
+  EXPECT_NE(c.err.find("[rank 0] launch: exec failed"), std::string::npos) << c.err;
+}
+
+}  // namespace
+}  // namespace lockstep::cli

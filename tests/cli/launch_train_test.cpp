@@ -1,0 +1,273 @@
+// `lockstep launch -- train` end to end: real processes over Gloo on a tiny
+// IDX data set. The same weights as the threads backend; a rank that throws,
+// a rank killed with SIGKILL, and a killed launcher each stop the whole job,
+// named, with no process left behind. Every run is under a wall-clock guard
+// that kills the launcher (its ranks die with it) and fails the test.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "lockstep/data/idx.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// 96 train and 24 test images of 4x4, 3 classes (learnable enough to move the weights).
+fs::path make_data_dir(const std::string& name) {
+  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / "launch" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto write = [&](const std::string& file, std::int64_t n, bool images) {
+    std::vector<std::uint8_t> bytes;
+    for (std::int64_t i = 0; i < n * (images ? 16 : 1); ++i)
+      bytes.push_back(std::uint8_t(images ? (i * 37 + (i / 16) % 3 * 50) % 256 : i % 3));
+    std::vector<std::int64_t> dims = images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
+    lockstep::data::write_idx(dir / file, 0x08, dims, bytes, true);
+  };
+  write("train-images-idx3-ubyte.gz", 96, true);
+  write("train-labels-idx1-ubyte.gz", 96, false);
+  write("t10k-images-idx3-ubyte.gz", 24, true);
+  write("t10k-labels-idx1-ubyte.gz", 24, false);
+  return dir;
+}
+
+// One run of the lockstep CLI with stdout and stderr in files.
+class CliRun {
+ public:
+  CliRun(const fs::path& dir, const std::vector<std::string>& args) : out_(dir / "out.txt"), err_(dir / "err.txt") {
+    std::vector<std::string> argv_s = {LOCKSTEP_CLI};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~CliRun() {
+    if (pid_ > 0 && status_ < 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  CliRun(const CliRun&) = delete;
+  CliRun& operator=(const CliRun&) = delete;
+
+  // The exit code (128 + signal if killed); on a hang, kills it and fails.
+  int wait(std::chrono::seconds guard = std::chrono::seconds(50)) {
+    const auto deadline = Clock::now() + guard;
+    while (status_ < 0) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      } else if (Clock::now() > deadline) {
+        ADD_FAILURE() << "still running after " << guard.count() << " s (hang); killed it\n" << err();
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        status_ = 999;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return status_;
+  }
+  // Waits until stderr holds `text`; false if the guard passed first.
+  bool wait_for_err(const std::string& text, std::chrono::seconds guard = std::chrono::seconds(30)) {
+    const auto deadline = Clock::now() + guard;
+    while (err().find(text) == std::string::npos) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+  pid_t pid() const { return pid_; }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+  std::string last_err_line() const {
+    std::string e = err();
+    while (!e.empty() && e.back() == '\n') e.pop_back();
+    return e.substr(e.rfind('\n') + 1);
+  }
+  // The ranks' pids from the launcher's first line ("... pids 11 12 13").
+  std::vector<pid_t> rank_pids() const {
+    const std::string e = err();
+    const auto at = e.find("), pids ");
+    std::vector<pid_t> pids;
+    if (at == std::string::npos) return pids;
+    std::istringstream in(e.substr(at + 8, e.find('\n', at) - at - 8));
+    for (pid_t p; in >> p;) pids.push_back(p);
+    return pids;
+  }
+
+ private:
+  fs::path out_, err_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+#ifndef LOCKSTEP_TEST_GLOO
+#define LOCKSTEP_TEST_GLOO 0
+#endif
+
+class LaunchTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LOCKSTEP_TEST_GLOO) GTEST_SKIP() << "built without the Gloo backend";
+  }
+};
+
+fs::path run_dir(const std::string& name) {
+  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / "launch" / ("run_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+bool gone(pid_t pid) {  // no such process, or a zombie about to be reaped by init
+  if (kill(pid, 0) != 0) return true;
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || stat.substr(paren + 2, 1) == "Z";
+}
+
+bool all_gone(const std::vector<pid_t>& pids, std::chrono::seconds guard) {
+  const auto deadline = Clock::now() + guard;
+  for (;;) {
+    if (std::all_of(pids.begin(), pids.end(), gone)) return true;
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<std::string> train_args(const fs::path& data, const std::vector<std::string>& more) {
+  std::vector<std::string> a = {"train", "--data", data.string(), "--micro-batch", "4", "--hidden", "8", "--quiet"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+std::vector<std::string> launch_args(int n, const std::vector<std::string>& train) {
+  std::vector<std::string> a = {"launch", "--nproc", std::to_string(n), "--"};
+  a.insert(a.end(), train.begin(), train.end());
+  return a;
+}
+
+// The replica loop is deterministic given N and the all-reduce algorithm: the
+// ring over Gloo adds the same numbers in the same order as the ring over
+// threads, so the final weights are the same bits, and only rank 0 writes.
+TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
+  const auto data = make_data_dir("same");
+  for (int n : {3, 4}) {
+    SCOPED_TRACE("N = " + std::to_string(n));
+    const auto dir = run_dir("same" + std::to_string(n));
+    const std::vector<std::string> common = {"--steps", "10", "--algorithm", "ring", "--log-every", "5"};
+    auto threads_args = train_args(data, common);
+    threads_args.insert(threads_args.end(), {"--replicas", std::to_string(n), "--save",
+                                             (dir / "threads.safetensors").string(), "--report",
+                                             (dir / "threads.json").string()});
+    CliRun threads(run_dir("same_threads" + std::to_string(n)), threads_args);
+    ASSERT_EQ(threads.wait(), 0) << threads.err();
+
+    auto launched_args = train_args(data, common);
+    launched_args.insert(launched_args.end(), {"--save", (dir / "gloo.safetensors").string(), "--report",
+                                               (dir / "gloo.json").string()});
+    CliRun launched(dir, launch_args(n, launched_args));
+    ASSERT_EQ(launched.wait(), 0) << launched.err();
+
+    const std::string a = read_file(dir / "threads.safetensors"), b = read_file(dir / "gloo.safetensors");
+    ASSERT_GT(a.size(), 600u);
+    EXPECT_TRUE(a == b) << "the final weights differ between threads and gloo";
+    const auto ja = nlohmann::json::parse(read_file(dir / "threads.json"));
+    const auto jb = nlohmann::json::parse(read_file(dir / "gloo.json"));
+    EXPECT_NEAR(ja["final_loss"].get<double>(), jb["final_loss"].get<double>(), 1e-6);
+    EXPECT_EQ(jb["replicas"], n);
+    // Rank 0 alone printed the summary; every line carries its rank.
+    const std::string out = launched.out();
+    EXPECT_NE(out.find("[rank 0]   result"), std::string::npos) << out;
+    EXPECT_EQ(out.find("[rank 1]"), std::string::npos) << out;
+  }
+}
+
+TEST_F(LaunchTrain, AThrowingRankStopsEveryRankAndIsNamed) {
+  const auto data = make_data_dir("throw");
+  CliRun r(run_dir("throw"), launch_args(3, train_args(data, {"--steps", "50", "--inject", "throw@2:1"})));
+  EXPECT_NE(r.wait(), 0);
+  const std::string err = r.err();
+  EXPECT_NE(err.find("[rank 1] lockstep: error: rank 1: injected failure at step 2"), std::string::npos) << err;
+  EXPECT_NE(r.last_err_line().find("rank 1 failed first: exit code 1"), std::string::npos) << err;
+  const auto pids = r.rank_pids();
+  EXPECT_EQ(pids.size(), 3u) << err;
+  EXPECT_TRUE(all_gone(pids, std::chrono::seconds(10)));
+}
+
+// Training under way, one rank is SIGKILLed: the launcher stops the others
+// and names it; nothing is left behind.
+TEST_F(LaunchTrain, ASigkilledRankStopsEveryRankAndIsNamed) {
+  const auto data = make_data_dir("kill");
+  auto args = train_args(data, {"--steps", "1000000", "--timeout", "2", "--log-every", "5"});
+  args.erase(std::find(args.begin(), args.end(), "--quiet"));  // the progress line says training runs
+  CliRun r(run_dir("kill"), launch_args(3, args));
+  ASSERT_TRUE(r.wait_for_err("[rank 0] epoch")) << r.err();
+  const auto pids = r.rank_pids();
+  ASSERT_EQ(pids.size(), 3u) << r.err();
+  kill(pids[2], SIGKILL);
+  EXPECT_EQ(r.wait(std::chrono::seconds(2 + 5 + 20)), 128 + SIGKILL);
+  EXPECT_NE(r.last_err_line().find("rank 2 failed first: killed by signal 9 (SIGKILL)"), std::string::npos)
+      << r.err();
+  EXPECT_TRUE(all_gone(pids, std::chrono::seconds(10)));
+}
+
+// The launcher itself is SIGKILLed: its ranks die with it (PR_SET_PDEATHSIG).
+TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
+  const auto data = make_data_dir("orphans");
+  CliRun r(run_dir("orphans"), launch_args(2, train_args(data, {"--steps", "1000000"})));
+  ASSERT_TRUE(r.wait_for_err("), pids ")) << r.err();
+  const auto pids = r.rank_pids();
+  ASSERT_EQ(pids.size(), 2u) << r.err();
+  kill(r.pid(), SIGKILL);
+  EXPECT_EQ(r.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(all_gone(pids, std::chrono::seconds(20))) << "ranks outlived the launcher";
+}
+
+// The world size comes from the launcher; --replicas must agree with it.
+// And the launcher's --rendezvous-timeout reaches the ranks: a rank told of a
+// world of 3 that only 2 join gives up after it, naming the missing rank.
+TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
+  const auto data = make_data_dir("flags");
+  CliRun mismatch(run_dir("mismatch"), launch_args(2, train_args(data, {"--steps", "3", "--replicas", "3"})));
+  EXPECT_NE(mismatch.wait(), 0);
+  EXPECT_NE(mismatch.err().find("--replicas 3 does not match the world size 2"), std::string::npos)
+      << mismatch.err();
+  auto args = launch_args(2, train_args(data, {"--steps", "3", "--world-size", "3"}));
+  args.insert(args.begin() + 3, {"--rendezvous-timeout", "1"});
+  CliRun missing(run_dir("missing"), args);
+  EXPECT_NE(missing.wait(), 0);
+  EXPECT_NE(missing.err().find("2"), std::string::npos) << missing.err();
+  EXPECT_NE(missing.last_err_line().find("failed first"), std::string::npos) << missing.err();
+}
+
+}  // namespace
