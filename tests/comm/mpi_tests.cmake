@@ -23,3 +23,6 @@ foreach(n 2 3 4 8)
   set_tests_properties(lockstep_mpi_tests.np${n} PROPERTIES
     LABELS process TIMEOUT 120 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
 endforeach()
+
+# The tag mapping alone: a pure function, no MPI needed (the quick set).
+lockstep_test(lockstep_mpi_tags_tests SOURCES mpi_tags_test.cpp LIBS lockstep_comm)

@@ -10,7 +10,9 @@
 //      passed since the wait began;
 //   3. then sleeps between tests, from kFirstSleep doubling to kMaxSleep.
 // The added latency is at most kMaxSleep on a wait longer than that, and
-// nothing on a short one. Measured: docs/design.md (MPI backend).
+// nothing on a short one. The native all-reduce (MPI_Iallreduce) never
+// sleeps, only yields: a non-blocking MPI collective advances its rounds only
+// inside MPI calls, so a sleeping poller would add its sleep to every round. Measured: docs/design.md (MPI backend).
 //
 // Note [Buffer lifetime]: a Work that ends without its request completing
 // (timeout, abort, an exception unwinding past it) cancels a receive, but
@@ -131,7 +133,7 @@ void MpiWork::wait(Duration timeout) {
       throw TimeoutError(msg);
     }
     if (polls < kSpinPolls) continue;
-    if (now - start < kYieldFor) {
+    if (now - start < kYieldFor || info_.op == MpiOp::Allreduce) {
       std::this_thread::yield();
       continue;
     }
