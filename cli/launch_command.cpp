@@ -38,8 +38,12 @@ struct LaunchFlags {
 };
 
 // The variables the launcher sets; the children never see an outer value of them.
-const std::set<std::string> kOwnVariables = {"RANK",          "WORLD_SIZE",         "LOCAL_RANK",
-                                             "LOCAL_WORLD_SIZE", "LOCKSTEP_BACKEND", "LOCKSTEP_RENDEZVOUS",
+const std::set<std::string> kOwnVariables = {"RANK",
+                                             "WORLD_SIZE",
+                                             "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE",
+                                             "LOCKSTEP_BACKEND",
+                                             "LOCKSTEP_RENDEZVOUS",
                                              "LOCKSTEP_RENDEZVOUS_TIMEOUT"};
 
 std::string self_executable() {
@@ -54,7 +58,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/lockstep-launch-XXXXXX";
+    std::string tmpl =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/lockstep-launch-XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) {
       throw IoError("launch: cannot create a rendezvous directory under " + tmpl.substr(0, tmpl.rfind('/')) +
                     ": " + std::strerror(errno));
@@ -81,7 +86,8 @@ std::string seconds_text(double s) {
 
 int run_launch(const LaunchFlags& f) {
   if (f.command.empty()) {
-    throw InvalidArgument("launch needs the command to run after --, e.g. lockstep launch --nproc 4 -- train");
+    throw InvalidArgument(
+        "launch needs the command to run after --, e.g. lockstep launch --nproc 4 -- train");
   }
   if (f.command[0] == "launch") throw InvalidArgument("launch cannot launch itself; give e.g. -- train ...");
   const std::string exe = self_executable();
@@ -128,8 +134,8 @@ int run_launch(const LaunchFlags& f) {
 
   if (result.first_failure) {
     const ChildExit& e = *result.first_failure;
-    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s; the other ranks were stopped.\n", e.index,
-                 e.signaled ? "killed by " : "", describe(e).c_str());
+    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s; the other ranks were stopped.\n",
+                 e.index, e.signaled ? "killed by " : "", describe(e).c_str());
     if (e.signaled) return 128 + e.value;
     return e.value;
   }
@@ -157,8 +163,7 @@ Action add_launch_command(CLI::App& app) {
   cmd->add_option("--rendezvous-timeout", flags->rendezvous_timeout_s,
                   "Seconds the ranks wait for each other to join")
       ->check(CLI::Range(0.001, 1e6));
-  cmd->add_option("--grace", flags->grace_s,
-                  "Seconds between SIGTERM and SIGKILL when the job is stopped")
+  cmd->add_option("--grace", flags->grace_s, "Seconds between SIGTERM and SIGKILL when the job is stopped")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
   return [flags] { return run_launch(*flags); };

@@ -128,14 +128,15 @@ struct Exec {
   }
 };
 
-[[noreturn]] void child_after_fork(const Exec& exec, pid_t parent, pid_t group, int devnull, Pipe out, Pipe err,
-                                   const sigset_t& mask) {
+[[noreturn]] void child_after_fork(const Exec& exec, pid_t parent, pid_t group, int devnull, Pipe out,
+                                   Pipe err, const sigset_t& mask) {
   // Async-signal-safe calls only from here on. Our handlers would write into
   // the supervisor's self-pipe: default actions before any signal is let in.
   for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);  // parent already gone
   setpgid(0, group);
-  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out.write, STDOUT_FILENO) < 0 || dup2(err.write, STDERR_FILENO) < 0)
+  if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out.write, STDOUT_FILENO) < 0 ||
+      dup2(err.write, STDERR_FILENO) < 0)
     _exit(127);
   sigprocmask(SIG_SETMASK, &mask, nullptr);
   execve(exec.argv[0], exec.argv.data(), exec.envp.data());
@@ -221,15 +222,14 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       int status = 0;
       if (c.pid <= 0 || c.reaped || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.reaped = true;
-      ChildExit e{static_cast<int>(i), WIFSIGNALED(status), WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
-                  c.signalled};
+      ChildExit e{static_cast<int>(i), WIFSIGNALED(status),
+                  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), c.signalled};
       result.exits.push_back(e);
       // Killed by the signal we sent is our doing, not a failure of its own.
       if (!e.failed() || (e.signaled && e.after_stop)) continue;
       const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
-      const bool first_was_consequence =
-          result.first_failure && !result.first_failure->signaled &&
-          result.first_failure->value == options.consequence_exit_code;
+      const bool first_was_consequence = result.first_failure && !result.first_failure->signaled &&
+                                         result.first_failure->value == options.consequence_exit_code;
       if (!result.first_failure || (first_was_consequence && !consequence)) result.first_failure = e;
       // A consequence means the group is aborted and its ranks are ending on
       // their own: the grace lets the one that failed finish saying why.
@@ -286,7 +286,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
   // 2-3. Relay, reap, forward, stop.
   std::optional<Clock::time_point> drain_until;
   for (;;) {
-    const bool all_reaped = std::all_of(children.begin(), children.end(), [](const Child& c) { return c.reaped; });
+    const bool all_reaped =
+        std::all_of(children.begin(), children.end(), [](const Child& c) { return c.reaped; });
     if (all_reaped && !drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
     std::vector<pollfd> fds{{signals.fd(), POLLIN, 0}};
     std::vector<LineRelay*> relays;
@@ -310,7 +311,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       killed = true;
     }
     auto wait = std::chrono::milliseconds(1000);
-    for (const auto& deadline : {kill_at ? std::nullopt : term_at, killed ? std::nullopt : kill_at, drain_until}) {
+    for (const auto& deadline :
+         {kill_at ? std::nullopt : term_at, killed ? std::nullopt : kill_at, drain_until}) {
       if (deadline) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now);
         wait = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
@@ -326,7 +328,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       ssize_t n;
       while ((n = read(signals.fd(), got, sizeof got)) > 0) {
         for (ssize_t k = 0; k < n; ++k) {
-          if (got[k] == SIGCHLD) continue;  // reaped below
+          if (got[k] == SIGCHLD) continue;     // reaped below
           if (result.forwarded_signal != 0) {  // the second one: no more grace
             send_all(SIGKILL);
             killed = true;

@@ -27,11 +27,12 @@
 // children already started).
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace lockstep::cli {
@@ -43,8 +44,8 @@ struct ChildSpec {
 };
 
 struct ChildExit {
-  int index = -1;           // into the children given to supervise()
-  bool signaled = false;    // killed by a signal (`value` is the signal), else exited (`value` is the code)
+  int index = -1;         // into the children given to supervise()
+  bool signaled = false;  // killed by a signal (`value` is the signal), else exited (`value` is the code)
   int value = 0;
   bool after_stop = false;  // the supervisor had already sent it a signal
   bool failed() const { return signaled || value != 0; }

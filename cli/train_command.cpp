@@ -239,7 +239,8 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     if (rank0) std::fprintf(stderr, "lockstep: warning: %s\n", message.c_str());  // one call: whole lines
   };
   const train::TrainHooks hooks{.on_progress = std::ref(printer), .on_warning = warn};
-  auto result = group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
+  auto result =
+      group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
   if (!rank0) return 0;
   if (group != nullptr) {
     // Measured now that training is over: at start-up the other ranks would
@@ -338,6 +339,11 @@ Action add_train_command(CLI::App& app) {
                   "An epoch's last partial global batch: keep it as ragged shards weighted by sample count, "
                   "drop it, or pad the shards to equal size and mask the padding")
       ->check(CLI::IsMember({"weighted", "drop", "pad"}));
+  cmd->add_flag("--deterministic", c.deterministic,
+                "Bit-exact for any power-of-two replica count: per-atom gradients summed in one tree over atom "
+                "index, divided once; drops an epoch's last partial global batch");
+  cmd->add_option("--atom", c.atom, "Samples per atom in --deterministic mode")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option(
          "--accumulate", c.accumulate,
          "Micro-steps per optimizer step, accumulated locally with one all-reduce at the end; effective "
@@ -379,7 +385,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
-      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory"}));
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
       ->check(CLI::Range(0.001, 1e6));
   cmd->add_option(
@@ -395,7 +401,8 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
-                  "update), nan@STEP:RANK (a local gradient), throw@STEP:RANK; repeatable")
+                  "update), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
+                  "shard); repeatable")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));

@@ -33,6 +33,7 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
 void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence);
 void halving_doubling_allreduce(Communicator& comm, std::span<float> data, ReduceOp op,
                                 std::uint64_t sequence);
+void tree_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence);
 
 // The front door with the kind of collective it serves (barrier is an
 // all-reduce of one float under its own name).

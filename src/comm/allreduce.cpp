@@ -34,17 +34,21 @@ const char* to_string(Algorithm algorithm) {
       return "halving_doubling";
     case Algorithm::SharedMemory:
       return "shared_memory";
+    case Algorithm::Native:
+      return "native";
+    case Algorithm::Tree:
+      return "tree";
   }
   return "?";
 }
 
 Algorithm algorithm_from_string(std::string_view name) {
   for (auto a : {Algorithm::Auto, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Naive,
-                 Algorithm::SharedMemory}) {
+                 Algorithm::SharedMemory, Algorithm::Native, Algorithm::Tree}) {
     if (name == to_string(a)) return a;
   }
   throw InvalidArgument("unknown all-reduce algorithm '" + std::string(name) +
-                        "'; the choices are auto, ring, halving_doubling, naive, shared_memory");
+                        "'; the choices are auto, ring, halving_doubling, naive, shared_memory, native, tree");
 }
 
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {
@@ -67,22 +71,30 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
     // and synchronises twice; otherwise the ring for large buffers (bandwidth-
     // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
     // 2(N-1)). The rule and its measurements: docs/algorithms.md.
-    algorithm = native != nullptr                              ? Algorithm::SharedMemory
+    const bool shared = native != nullptr && native->shares_memory();
+    algorithm = shared                                         ? Algorithm::SharedMemory
                 : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
                                                                : Algorithm::Ring;
   }
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
   run_collective(comm, fp, [&] {
-    if (algorithm == Algorithm::SharedMemory && native == nullptr) {
+    if (algorithm == Algorithm::SharedMemory && (native == nullptr || !native->shares_memory())) {
       throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
     }
-    if (algorithm == Algorithm::SharedMemory) return native->allreduce(data, fp, options.verify);
+    if (algorithm == Algorithm::Native && (native == nullptr || native->shares_memory())) {
+      throw InvalidArgument("the native all-reduce needs a transport library's backend (--backend gloo or mpi)");
+    }
+    if (algorithm == Algorithm::SharedMemory || algorithm == Algorithm::Native) {
+      return native->allreduce(data, fp, options.verify);
+    }
     if (options.verify) comm.check_fingerprint(fp);
     switch (algorithm) {
       case Algorithm::Naive:
         return naive_allreduce(comm, data, options.op, fp.sequence);
       case Algorithm::HalvingDoubling:
         return halving_doubling_allreduce(comm, data, options.op, fp.sequence);
+      case Algorithm::Tree:
+        return tree_allreduce(comm, data, options.op, fp.sequence);
       default:
         return ring_allreduce(comm, data, options.op, fp.sequence);
     }

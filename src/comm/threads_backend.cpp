@@ -135,6 +135,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   }
 
  private:
+  bool shares_memory() const override { return true; }
   void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
     detail::shared_memory_allreduce(*hub_, rank_, data, fp, verify, timeout());
     const std::size_t chunk = data.size() * (rank_ + 1) / size_ - data.size() * rank_ / size_;

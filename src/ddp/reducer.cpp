@@ -18,6 +18,7 @@
 // step is given back in the next instead of being lost.
 #include "lockstep/ddp/reducer.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -115,7 +116,7 @@ struct Reducer::State {
     for (std::size_t i = 0; i < b.numel; ++i) {
       const float v = g[i] + e[i];
       q[i] = comm::to_bf16(v);
-      e[i] = v - comm::from_bf16(q[i]);
+      e[i] = std::isfinite(v) ? v - comm::from_bf16(q[i]) : 0.0f;  // a NaN must not outlive its step
     }
     comm::allreduce_bf16(comm, q, comm::ReduceOp::Mean);
     comm::from_bf16(q, g);

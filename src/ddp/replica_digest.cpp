@@ -64,38 +64,46 @@ std::uint64_t digest(std::span<const std::byte> bytes) {
   return avalanche(h);
 }
 
-std::vector<DigestMismatch> compare_across_ranks(comm::Communicator& comm,
-                                                 std::span<const std::uint64_t> digests) {
-  const std::size_t n = static_cast<std::size_t>(comm.size()), f = digests.size();
-  // Row r of the table is rank r's digests, as 16-bit pieces (exact in
+std::vector<std::uint64_t> gather_words(comm::Communicator& comm, std::span<const std::uint64_t> words) {
+  const std::size_t n = static_cast<std::size_t>(comm.size()), f = words.size();
+  // Row r of the table is rank r's words, as 16-bit pieces (exact in
   // float); the other rows are 0 here, so a sum gathers every row.
   std::vector<float> table(n * f * 4, 0.0f);
   float* mine = &table[static_cast<std::size_t>(comm.rank()) * f * 4];
   for (std::size_t i = 0; i < f; ++i)
-    for (int p = 0; p < 4; ++p) mine[4 * i + p] = float((digests[i] >> (16 * p)) & 0xffff);
+    for (int p = 0; p < 4; ++p) mine[4 * i + p] = float((words[i] >> (16 * p)) & 0xffff);
   comm::allreduce(comm, table, {.op = comm::ReduceOp::Sum});
+  std::vector<std::uint64_t> out(n * f, 0);
+  for (std::size_t j = 0; j < n * f; ++j)
+    for (int p = 0; p < 4; ++p) out[j] |= std::uint64_t(table[j * 4 + p]) << (16 * p);
+  return out;
+}
 
+std::vector<DigestMismatch> find_mismatches(std::span<const std::uint64_t> table, int world_size,
+                                            std::size_t first, std::size_t fields) {
+  const std::size_t n = static_cast<std::size_t>(world_size), f = table.size() / n;
   std::vector<DigestMismatch> out;
-  for (std::size_t i = 0; i < f; ++i) {
+  for (std::size_t i = first; i < first + fields; ++i) {
     std::map<std::uint64_t, std::vector<int>> groups;  // digest -> ranks holding it
-    for (std::size_t r = 0; r < n; ++r) {
-      std::uint64_t d = 0;
-      for (int p = 0; p < 4; ++p) d |= std::uint64_t(table[(r * f + i) * 4 + p]) << (16 * p);
-      groups[d].push_back(int(r));
-    }
+    for (std::size_t r = 0; r < n; ++r) groups[table[r * f + i]].push_back(int(r));
     if (groups.size() == 1) continue;
     const std::vector<int>* best = nullptr;
     for (const auto& [d, ranks] : groups) {
       if (!best || ranks.size() > best->size() || (ranks.size() == best->size() && ranks[0] < (*best)[0]))
         best = &ranks;
     }
-    DigestMismatch m{i, {}, *best};
+    DigestMismatch m{i - first, {}, *best};
     for (const auto& [d, ranks] : groups)
       if (&ranks != best) m.ranks.insert(m.ranks.end(), ranks.begin(), ranks.end());
     std::sort(m.ranks.begin(), m.ranks.end());
     out.push_back(std::move(m));
   }
   return out;
+}
+
+std::vector<DigestMismatch> compare_across_ranks(comm::Communicator& comm,
+                                                 std::span<const std::uint64_t> digests) {
+  return find_mismatches(gather_words(comm, digests), comm.size(), 0, digests.size());
 }
 
 int healthy_rank(std::span<const DigestMismatch> mismatches, int world_size) {

@@ -44,6 +44,8 @@ const char* kind_name(Fault::Kind k) {
       return "nan";
     case Fault::Kind::Throw:
       return "throw";
+    case Fault::Kind::SameSeed:
+      return "same-seed";
   }
   return "?";
 }
@@ -117,6 +119,14 @@ bool has_nonfinite(std::span<const float> values) {
   return bad != 0;
 }
 
+void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite) {
+  if (local_nonfinite && !grads.empty()) grads[0] = std::numeric_limits<float>::quiet_NaN();
+}
+
+bool reduced_nonfinite_sentinel(std::span<const float> grads) {
+  return !grads.empty() && !std::isfinite(grads[0]);
+}
+
 StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer) {
   for (const auto& t : layout.tensors()) {
     fields_.push_back({false, t.offset, t.numel});
@@ -131,14 +141,13 @@ StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimi
   }
 }
 
-std::vector<ddp::DigestMismatch> StateFingerprint::compare(comm::Communicator& comm,
-                                                           std::span<const float> params,
-                                                           std::span<const float> state) const {
+std::vector<std::uint64_t> StateFingerprint::digests(std::span<const float> params,
+                                                     std::span<const float> state) const {
   std::vector<std::uint64_t> digests;
-  digests.reserve(fields_.size());
+  digests.reserve(fields_.size() + 2);
   for (const auto& f : fields_)
     digests.push_back(ddp::digest((f.state ? state : params).subspan(f.offset, f.numel)));
-  return ddp::compare_across_ranks(comm, digests);
+  return digests;
 }
 
 Guards::Guards(const TrainConfig& c, const TrainHooks& hooks, comm::Communicator& comm,
@@ -174,14 +183,20 @@ void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params) const {
        std::to_string(step) + ".");
 }
 
-// Note [Symmetric decisions]: each replica sets only its own entry of a row
-// of N flags; an all-reduce (max) gives every replica the same row, so every
-// replica knows both that the step must be skipped and which replicas it came
-// from. The flag was computed on the local gradient before the all-reduce
-// (replica.cpp scans each tensor before handing it to the reducer), so the
-// origin is the replica whose own samples produced it, not every replica that
-// received it through the mean.
-bool Guards::skip_step(std::int64_t step, bool local_nonfinite, std::span<float> grads, ReplicaOutput& out) {
+// Note [Symmetric decisions]: whether to skip is read from the all-reduced
+// sentinel (Note [Non-finite sentinel], guards.h), which every replica holds
+// bit for bit. Only then does each replica set its own entry of a row of N
+// flags; an all-reduce (max) gives every replica the same row, naming the
+// replicas of origin. The flag was computed on the local gradient before the
+// all-reduce (replica.cpp scans each tensor before handing it to the
+// reducer), so the origin is the replica whose own samples produced it, not
+// every replica that received it through the mean.
+bool Guards::skip_step(std::int64_t step, bool reduced_nonfinite, bool local_nonfinite, std::span<float> grads,
+                       ReplicaOutput& out) {
+  if (!reduced_nonfinite) {
+    consecutive_skips_ = 0;
+    return false;
+  }
   const auto before = comm_.stats().bytes_sent;
   std::vector<float> flags(static_cast<std::size_t>(comm_.size()), 0.0f);
   flags[static_cast<std::size_t>(comm_.rank())] = local_nonfinite ? 1.0f : 0.0f;
@@ -190,33 +205,59 @@ bool Guards::skip_step(std::int64_t step, bool local_nonfinite, std::span<float>
   std::vector<int> origins;
   for (std::size_t r = 0; r < flags.size(); ++r)
     if (flags[r] != 0) origins.push_back(int(r));
-  if (origins.empty()) {
-    consecutive_skips_ = 0;
-    return false;
-  }
+  // No replica's own gradient was non-finite: the sum of finite values overflowed.
+  const std::string from = origins.empty() ? "the all-reduced sum (it overflowed)" : ddp::describe_ranks(origins);
   std::fill(grads.begin(), grads.end(), 0.0f);  // as the optimizer step would have left them
   out.skipped.push_back({step, origins});
   ++consecutive_skips_;
   if (consecutive_skips_ >= c_.max_skips) {
     throw Error("stopped: " + std::to_string(consecutive_skips_) +
                 " consecutive steps had non-finite gradients (the last, step " + std::to_string(step) +
-                ", from " + ddp::describe_ranks(origins) +
-                "). Lower --lr, check the data, or raise --max-skips.");
+                ", from " + from + "). Lower --lr, check the data, or raise --max-skips.");
   }
   if (comm_.rank() == 0) {
-    warn("step " + std::to_string(step) + ": non-finite gradient on " + ddp::describe_ranks(origins) +
+    warn("step " + std::to_string(step) + ": non-finite gradient " + (origins.empty() ? "in " : "on ") + from +
          "; every replica skipped the step (" + std::to_string(consecutive_skips_) + " of at most " +
          std::to_string(c_.max_skips) + " in a row).");
   }
   return true;
 }
 
-bool Guards::check_divergence(std::int64_t step, std::span<float> params, std::span<float> state,
-                              ReplicaOutput& out) {
-  if (c_.check_every <= 0 || (step + 1) % c_.check_every != 0) return false;
+int Guards::shard_rank() const {
+  for (const auto& f : c_.inject)
+    if (f.kind == Fault::Kind::SameSeed) return 0;
+  return comm_.rank();
+}
+
+void Guards::plan_step(std::span<const std::int64_t> order, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) planned_.add(order[static_cast<std::size_t>(i)]);
+}
+
+bool Guards::check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
+                   ReplicaOutput& out) {
+  const bool divergence = c_.check_every > 0 && (step + 1) % c_.check_every == 0;
+  if (!divergence && !epoch_end) return false;
+  // One gather: the state's fingerprints (if due), then this window's tally.
+  std::vector<std::uint64_t> words;
+  if (divergence) words = fingerprint_.digests(params, state);
+  const std::size_t fields = words.size();
+  words.push_back(read_.count);
+  words.push_back(read_.sum);
   auto before = comm_.stats().bytes_sent;
-  const auto m = fingerprint_.compare(comm_, params, state);
+  const auto table = ddp::gather_words(comm_, words);
   out.traffic.checks += comm_.stats().bytes_sent - before;
+
+  std::vector<ddp::SampleTally> tallies(static_cast<std::size_t>(comm_.size()));
+  for (std::size_t r = 0; r < tallies.size(); ++r)
+    tallies[r] = {table[r * words.size() + fields], table[r * words.size() + fields + 1]};
+  ++out.accounting_checks;
+  if (const auto problem = ddp::audit_samples(tallies, planned_)) {
+    throw Error("data accounting failed by step " + std::to_string(step) + ": " + *problem);
+  }
+  read_ = planned_ = {};
+  if (!divergence) return false;
+
+  const auto m = ddp::find_mismatches(table, comm_.size(), 0, fields);
   ++out.divergence_checks;
   if (m.empty()) return true;
   std::string what = "replicas diverged by step " + std::to_string(step) + ": " +

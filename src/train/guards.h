@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/ddp/data_accounting.h"
 #include "lockstep/ddp/handshake.h"
 #include "lockstep/ddp/replica_digest.h"
 #include "lockstep/train/trainer.h"
@@ -31,14 +32,22 @@ void verify_broadcast_weights(comm::Communicator& comm, const nn::Model& model);
 // Whether any value is NaN or infinite (one pass, vectorised).
 bool has_nonfinite(std::span<const float> values);
 
+// Note [Non-finite sentinel]: the gradient's first element rides as a flag.
+// Just before the last tensor (tensor 0, in the bucket launched last) goes to
+// the reducer, a replica whose own gradient holds a NaN or an infinity writes
+// NaN there. Sum and mean carry NaN through, so after the all-reduce every
+// replica reads the same verdict from one float, and the common case costs
+// no collective at all.
+void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite);
+bool reduced_nonfinite_sentinel(std::span<const float> grads);
+
 // Fingerprints of the replicated state: every parameter tensor, and every
 // optimizer slot of every tensor. Buffers are per replica and not included.
 class StateFingerprint {
  public:
   StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer);
-  // Collective: every replica's fingerprints compared; the differences.
-  std::vector<ddp::DigestMismatch> compare(comm::Communicator& comm, std::span<const float> params,
-                                           std::span<const float> state) const;
+  // One digest per field, in field order (compared across ranks by Guards::check).
+  std::vector<std::uint64_t> digests(std::span<const float> params, std::span<const float> state) const;
   const std::string& name(std::size_t field) const { return names_[field]; }
 
  private:
@@ -62,17 +71,31 @@ class Guards {
   // After the optimizer update: --inject bitflip.
   void maybe_flip_bit(std::int64_t step, std::span<float> params) const;
 
-  // After the all-reduce: combines the replicas' local non-finite flags.
+  // After the all-reduce. `reduced_nonfinite` is the all-reduced sentinel
+  // (Note [Non-finite sentinel]), the same on every replica; only when it is
+  // set do the replicas exchange their local flags, to name the origin.
   // Returns true if every replica must skip this step (then the gradients
   // are zeroed here); throws Error on every replica after max_skips
   // consecutive skips.
-  bool skip_step(std::int64_t step, bool local_nonfinite, std::span<float> grads, ReplicaOutput& out);
+  bool skip_step(std::int64_t step, bool reduced_nonfinite, bool local_nonfinite, std::span<float> grads,
+                 ReplicaOutput& out);
 
-  // Every check_every steps: the divergence detector. Throws Error on every
-  // replica (stop), or re-broadcasts from a majority replica (repair).
-  // Returns whether this step was checked.
-  bool check_divergence(std::int64_t step, std::span<float> params, std::span<float> state,
-                        ReplicaOutput& out);
+  // Exactly-once data accounting (ddp/data_accounting.h). The rank whose
+  // shard this replica reads (its own, unless --inject same-seed); each
+  // sample it reads; and, on every replica, the group's planned global batch
+  // of each step: positions [begin, end) of the epoch order.
+  int shard_rank() const;
+  void read_sample(std::int64_t index) { read_.add(index); }
+  void plan_step(std::span<const std::int64_t> order, std::int64_t begin, std::int64_t end);
+
+  // Every check_every steps, and at the end of every epoch (and of the run):
+  // one gather of the state fingerprints (divergence detector; only every
+  // check_every steps) and of the samples read since the last check
+  // (accounting). Throws Error on every replica when the accounting fails or
+  // the replicas diverged (stop), or re-broadcasts from a majority replica
+  // (repair). Returns whether the divergence detector ran.
+  bool check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
+             ReplicaOutput& out);
 
  private:
   void warn(const std::string& message) const;
@@ -82,6 +105,7 @@ class Guards {
   const nn::Layout& layout_;
   StateFingerprint fingerprint_;
   std::int64_t consecutive_skips_ = 0;
+  ddp::SampleTally read_, planned_;  // since the last check
 };
 
 }  // namespace lockstep::train::detail

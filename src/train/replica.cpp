@@ -12,8 +12,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
+#include <functional>
 #include <limits>
 
+#include "atoms.h"
 #include "guards.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
@@ -106,6 +109,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   }
   auto before_setup = comm.stats().bytes_sent;
   comm::broadcast(comm, params, 0);
+  // Buffers too (batch norm's running statistics start at 0 and 1 on rank 0
+  // only): every replica starts from the same state.
+  if (!model->buffers().empty()) comm::broadcast(comm, model->buffers(), 0);
   out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup;
   before_setup = comm.stats().bytes_sent;
   verify_broadcast_weights(comm, *model);
@@ -129,6 +135,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
   }
   Recorder recorder(c.record_timeline, rank, s.t0);
+  auto buffers = model->buffers();
+  std::vector<float> buffers_at_step(c.deterministic ? buffers.size() : 0);
+  std::vector<float> atom_vector(c.deterministic ? params.size() + 1 + buffers.size() : 0);
+  AtomTree atoms(atom_vector.size());
 
   const std::int64_t features = train.features, classes = train.num_classes;
   const std::int64_t shard_capacity = c.micro_batch * c.accumulate;  // the sampler's micro-batch
@@ -153,12 +163,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_step = Clock::now();
     const std::int64_t epoch = step / s.sampler.steps_per_epoch();
     const std::int64_t in_epoch = step % s.sampler.steps_per_epoch();
+    const std::int64_t n = comm.size();
     if (in_epoch == 0) order = s.sampler.epoch_order(epoch);
-    const ddp::Shard shard = s.sampler.shard(in_epoch, rank);
+    const ddp::Shard shard = s.sampler.shard(in_epoch, guards.shard_rank());
+    guards.plan_step(order, s.sampler.shard(in_epoch, 0).begin, s.sampler.shard(in_epoch, int(n) - 1).end);
     const std::int64_t b = shard.size();
     // Pad: every replica computes the largest shard's rows; the padding
     // (zeros, masked out of the loss) contributes exactly nothing.
-    const std::int64_t n = comm.size();
     const std::int64_t rows = c.ragged == Ragged::Pad ? (shard.global_count + n - 1) / n : b;
 
     for (std::int64_t i = 0; i < b; ++i) {  // gather this replica's own samples
@@ -166,6 +177,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       std::memcpy(&x[i * features], train.input(idx).data(), features * sizeof(float));
       y[i] = train.labels[idx];
       sample_ids[i] = idx;
+      guards.read_sample(idx);
     }
     for (std::int64_t i = b; i < rows; ++i) sample_ids[i] = train.size + i;  // padding: masked anyway
     if (rows > b) {
@@ -173,18 +185,20 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       std::fill(y.begin() + b, y.begin() + rows, 0);
     }
 
-    reducer.begin_step(b, shard.global_count);
     bool nonfinite = false;  // in this replica's own gradient, before the all-reduce
     bool inject_nan = guards.injects(Fault::Kind::NaN, step);
-    double loss_sum = 0;
-    auto t_backward_end = t_step;  // the last layer's backward, before its gradients are announced
-    for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
-      const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
-      const bool last = k == c.accumulate - 1;
+    double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
+    auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced
+    auto t_wait_end = t_step;       // the gradients are reduced
+    StepSample sample;
+    // One forward and backward over rows [lo, lo + m), `real` of them not
+    // padding; adds grad_scale x the loss sum's gradient into grads.
+    // on_layer_done(layer) runs after each layer's backward.
+    const auto forward_backward = [&](std::int64_t lo, std::int64_t m, std::int64_t real, float grad_scale,
+                                      const std::function<void(std::size_t)>& on_layer_done) {
       auto t = Clock::now();
       // Random streams (dropout) are keyed by the global sample index, never by rank.
-      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step),
-                                   std::span(sample_ids).subspan(lo, m)};
+      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m)};
       auto logits = model->forward(
           std::span<const float>(&x[lo * features], m * features), m,
           [&](std::size_t layer) {
@@ -194,11 +208,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
             t = done;
           },
           ctx);
-      const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
-      auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(),
-                                            b > 0 ? 1.0f / float(b) : 0.0f);
+      auto loss = nn::softmax_cross_entropy(logits.data(), &y[lo], real, classes, dlogits.data(), grad_scale);
       std::fill(dlogits.begin() + real * classes, dlogits.begin() + m * classes, 0.0f);
-      loss_sum += loss.loss_sum;
       auto now = Clock::now();
       recorder.add(Track::Compute, Phase::Forward, step, "loss", t, now);
       t = now;
@@ -206,43 +217,88 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       model->backward(std::span<const float>(dlogits.data(), m * classes), m, /*accumulate=*/true,
                       [&](std::size_t layer) {
                         const auto done = Clock::now();
-                        recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
-                                     t, done, 0, int(layer));
+                        recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer], t,
+                                     done, 0, int(layer));
                         t = t_backward_end = done;
-                        if (!last) return;
-                        const auto range = model->layer_tensors(layer);
-                        for (std::size_t i = range.end; i-- > range.first;) {
-                          // Scanned before the reducer owns it (and reduces it in place).
-                          const auto& t = model->layout().tensors()[i];
-                          if (inject_nan) grads[t.offset] = std::numeric_limits<float>::quiet_NaN();
-                          inject_nan = false;
-                          nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel));
-                          reducer.mark_ready(i);
-                        }
+                        if (on_layer_done) on_layer_done(layer);
                       });
+      return loss.loss_sum;
+    };
+
+    if (c.deterministic) {  // Note [Bit-exact for any replica count] (atoms.h)
+      const std::size_t np = params.size(), nb = buffers.size();
+      std::copy(buffers.begin(), buffers.end(), buffers_at_step.begin());
+      for (std::int64_t lo = 0; lo < b; lo += c.atom) {
+        std::copy(buffers_at_step.begin(), buffers_at_step.end(), buffers.begin());
+        std::fill(grads.begin(), grads.end(), 0.0f);
+        const double atom_loss = forward_backward(lo, c.atom, c.atom, 1.0f, nullptr);  // the sum, not the mean
+        if (inject_nan) grads[grads.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+        inject_nan = false;
+        nonfinite = nonfinite || has_nonfinite(grads);
+        std::copy(grads.begin(), grads.end(), atom_vector.begin());
+        atom_vector[np] = static_cast<float>(atom_loss);
+        for (std::size_t j = 0; j < nb; ++j) atom_vector[np + 1 + j] = buffers[j] - buffers_at_step[j];
+        atoms.add(atom_vector);
+      }
+      auto total = atoms.total();
+      mark_nonfinite_sentinel(total, nonfinite);
+      const auto t_comm = Clock::now();
+      const auto sent = comm.stats().bytes_sent;
+      comm::allreduce(comm, total, {.op = comm::ReduceOp::Sum, .algorithm = comm::Algorithm::Tree});
+      t_wait_end = Clock::now();
+      out.traffic.gradients += comm.stats().bytes_sent - sent;
+      sample.comm = ms_between(t_comm, t_wait_end);
+      recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce (tree)", t_comm, t_wait_end,
+                   comm.stats().bytes_sent - sent);
+      const float global = static_cast<float>(shard.global_count);
+      for (std::size_t i = 0; i < np; ++i) grads[i] = total[i] / global;  // the one division
+      loss_sum = total[np];
+      const float global_atoms = static_cast<float>(shard.global_count / c.atom);
+      for (std::size_t j = 0; j < nb; ++j) buffers[j] = buffers_at_step[j] + total[np + 1 + j] / global_atoms;
+    } else {
+      reducer.begin_step(b, shard.global_count);
+      for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
+        const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
+        const bool last = k == c.accumulate - 1;
+        const std::int64_t real = std::max<std::int64_t>(0, std::min(hi, b) - lo);  // rows before the padding
+        loss_sum += forward_backward(lo, m, real, b > 0 ? 1.0f / float(b) : 0.0f, [&](std::size_t layer) {
+          if (!last) return;
+          const auto range = model->layer_tensors(layer);
+          for (std::size_t i = range.end; i-- > range.first;) {
+            // Scanned before the reducer owns it (and reduces it in place).
+            const auto& t = model->layout().tensors()[i];
+            if (inject_nan) grads[t.offset] = std::numeric_limits<float>::quiet_NaN();
+            inject_nan = false;
+            nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel));
+            if (i == 0) mark_nonfinite_sentinel(grads, nonfinite);  // the last one announced
+            reducer.mark_ready(i);
+          }
+        });
+      }
+      const auto& timing = reducer.finish_step();
+      t_wait_end = Clock::now();
+      for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
+        const auto& bt = timing.buckets[k];
+        sample.comm += ms_between(bt.start, bt.end);
+        out.traffic.gradients += bt.bytes_sent;
+        recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
+                     bt.end, bt.bytes_sent);
+      }
     }
-    const auto& timing = reducer.finish_step();
-    const auto t_wait_end = Clock::now();
     if (t_wait_end > t_backward_end) {
       recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_backward_end, t_wait_end);
     }
-    StepSample sample;
-    for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
-      const auto& bt = timing.buckets[k];
-      sample.comm += ms_between(bt.start, bt.end);
-      out.traffic.gradients += bt.bytes_sent;
-      recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
-                   bt.end, bt.bytes_sent);
-    }
 
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
-    if (!guards.skip_step(step, nonfinite, grads, out)) optimizer->step_and_zero_grads(params, grads, lr);
+    if (!guards.skip_step(step, reduced_nonfinite_sentinel(grads), nonfinite, grads, out)) {
+      optimizer->step_and_zero_grads(params, grads, lr);
+    }
     guards.maybe_flip_bit(step, params);
     const auto t_optimizer_end = Clock::now();
     recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_optimizer_end);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
-    const bool checked =
-        guards.check_divergence(step, params, optimizer->state(), out);  // in the step's time
+    const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || step == s.total_steps - 1;
+    const bool checked = guards.check(step, epoch_end, params, optimizer->state(), out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
@@ -251,12 +307,11 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     out.steps.push_back(sample);
 
     window[0] += loss_sum;
-    window[1] += double(b);
+    window[1] += double(c.deterministic ? shard.global_count : b);  // deterministic: already the group's
     samples += shard.global_count;
-    const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || step == s.total_steps - 1;
     if ((step + 1) % c.log_every == 0 || epoch_end) {
       const auto before_ctl = comm.stats().bytes_sent;
-      allreduce_tallies(comm, window);
+      if (!c.deterministic) allreduce_tallies(comm, window);  // (deterministic: summed in the tree)
       Progress p{epoch,
                  step + 1,
                  s.total_steps,
@@ -286,7 +341,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
                             out.traffic.repair;
-  if (rank == 0) out.params.assign(params.begin(), params.end());
+  out.params.assign(params.begin(), params.end());
+  out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();
   return out;
 }

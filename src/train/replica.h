@@ -29,13 +29,14 @@ struct ReplicaOutput {
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;
   std::int64_t epochs_run = 0;
-  std::vector<float> params;  // filled on rank 0 only
+  std::vector<float> params;   // this replica's final weights
+  std::vector<float> buffers;  // and buffers (batch norm running statistics)
   std::vector<ddp::Bucket> buckets;
   bool overlapped = false;
   std::vector<StepSample> steps;
   std::vector<TimelineEvent> events;  // if config.record_timeline
   std::size_t handshake_fields = 0;
-  std::int64_t divergence_checks = 0, repairs = 0;
+  std::int64_t divergence_checks = 0, repairs = 0, accounting_checks = 0;
   std::vector<TrainResult::Skip> skipped;
 };
 

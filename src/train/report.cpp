@@ -51,6 +51,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
        human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
+  if (c.deterministic) {
+    std::snprintf(line, sizeof line,
+                  "  deterministic atoms of %lld samples, each replica's summed in a tree, the replicas' by the "
+                  "tree all-reduce, divided once: bit-exact for any power-of-two replica count\n",
+                  (long long)c.atom);
+    s += line;
+  } else {
   std::snprintf(
       line, sizeof line, "  buckets      %zu (first %.3g MiB, then %.3g MiB), all-reduced %s%s%s%s\n",
       r.buckets.size(), c.first_bucket_mb, c.bucket_mb,
@@ -58,6 +65,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
       c.link.enabled() ? ", modelled link " : "", c.link.enabled() ? c.link.describe().c_str() : "");
   s += line;
+  }
   std::snprintf(line, sizeof line,
                 "  step time    %.2f ms (median): compute %.2f, communication %.2f of which exposed %.2f "
                 "(overlap %.0f%%)\n",
@@ -92,7 +100,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   } else {
     s += "divergence detector off";
   }
-  s += "; " + std::to_string(r.skipped.size()) + " steps skipped for non-finite gradients\n";
+  s += "; " + std::to_string(r.skipped.size()) + " steps skipped for non-finite gradients; every sample read " +
+       "exactly once (" + std::to_string(r.accounting_checks) + " accounting checks)\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {
@@ -133,6 +142,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"shuffle", c.shuffle},
                  {"schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"},
                  {"ragged", to_string(c.ragged)},
+                 {"deterministic", c.deterministic},
+                 {"atom", c.atom},
                  {"first_bucket_mb", c.first_bucket_mb},
                  {"bucket_mb", c.bucket_mb},
                  {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
@@ -146,6 +157,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"on_divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},
                  {"divergence_checks", r.divergence_checks},
                  {"repairs", r.repairs},
+                 {"accounting_checks", r.accounting_checks},
                  {"max_skips", c.max_skips},
                  {"skipped_steps", skipped}};
   j["timing"] = {{"step_ms", r.times.step_ms},

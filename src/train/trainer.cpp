@@ -9,6 +9,7 @@
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
 #include "lockstep/nn/gemm.h"
+#include "atoms.h"
 #include "replica.h"
 
 namespace lockstep::train {
@@ -42,6 +43,7 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.micro_batch > (std::int64_t{1} << 40) / c.accumulate) {
     throw InvalidArgument("--micro-batch x --accumulate is too large");
   }
+  detail::validate_deterministic(c);
   if (c.link.enabled() && c.algorithm == comm::Algorithm::SharedMemory) {
     throw InvalidArgument(
         "--algorithm shared_memory sends no messages, so a modelled link cannot delay it; use auto, ring or "
@@ -153,7 +155,7 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
        .micro_batch = c.micro_batch * c.accumulate,
        .shuffle = c.shuffle,
        .seed = c.seed,
-       .last_batch = c.ragged == Ragged::Drop ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
+       .last_batch = c.ragged == Ragged::Drop || c.deterministic ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
   auto probe = make_model(c, data.train.features, data.train.num_classes);
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {
@@ -168,10 +170,11 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
 class BlasThreads {
  public:
   // `replicas_here`: the replicas that share this host's cores. They get one
-  // BLAS thread each, unless there are fewer replicas than cores.
-  explicit BlasThreads(int replicas_here) : previous_(nn::blas_threads()) {
+  // BLAS thread each, unless there are fewer replicas than cores. Deterministic
+  // mode always takes one, so every product is computed the same way for any N.
+  BlasThreads(int replicas_here, bool deterministic) : previous_(nn::blas_threads()) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    wanted_ = replicas_here >= cores ? 1 : std::max(1, cores / replicas_here);
+    wanted_ = replicas_here >= cores || deterministic ? 1 : std::max(1, cores / replicas_here);
     if (wanted_ != previous_) nn::set_blas_threads(wanted_);
   }
   ~BlasThreads() {
@@ -233,6 +236,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.layout = p.probe->layout();
   res.buffer_layout = p.probe->buffer_layout();
   res.params = std::move(outputs[0].params);
+  res.buffers = std::move(outputs[0].buffers);
   res.handshake_fields = o.handshake_fields;
   res.divergence_checks = o.divergence_checks;
   res.accounting_checks = o.accounting_checks;
@@ -271,7 +275,7 @@ std::vector<TrafficBytes> gather_traffic(comm::Communicator& comm, const Traffic
 
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
-  const BlasThreads blas_threads(c.replicas);  // every replica is a thread of this process
+  const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
 
   auto comms = comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
@@ -317,11 +321,12 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
                           std::to_string(comm.size()) + "; leave --replicas out or give the same number");
   }
   if (c.link.enabled()) {
-    throw InvalidArgument("a modelled link (--link-bandwidth/--link-latency) is for the threads backend; "
-                          "a process group has real links");
+    throw InvalidArgument(
+        "a modelled link (--link-bandwidth/--link-latency) is for the threads backend; "
+        "a process group has real links");
   }
   Plan p = plan(c, data);
-  const BlasThreads blas_threads(local_world_size(comm.size()));
+  const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 
   // run_replica keeps the final weights on rank 0 only (train() needs no more);

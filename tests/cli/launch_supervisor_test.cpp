@@ -3,18 +3,18 @@
 // then SIGKILL after the grace), which failure is named first, and forwarded
 // signals. Every case runs under a wall-clock guard (an alarm that kills the
 // test process), so a hang fails instead of stalling CTest.
-#include "process_supervisor.h"
-
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <atomic>
 #include <sstream>
 #include <thread>
+
+#include "process_supervisor.h"
 
 extern char** environ;
 
@@ -117,13 +117,14 @@ TEST(Supervisor, ManyLinesFromManyChildrenNeverMix) {
   const std::regex whole(R"(\[rank (\d)\] r\1-line-\d+-x{40})");
   std::istringstream lines(c.out);
   int count = 0;
-  for (std::string line; std::getline(lines, line); ++count) EXPECT_TRUE(std::regex_match(line, whole)) << line;
+  for (std::string line; std::getline(lines, line); ++count)
+    EXPECT_TRUE(std::regex_match(line, whole)) << line;
   EXPECT_EQ(count, 4 * 300);
 }
 
 TEST(Supervisor, FirstFailureStopsTheOthers) {
-  const auto c = run({sh("rank 0", "exec sleep 30"), sh("rank 1", "echo dying >&2; exit 7"),
-                      sh("rank 2", "exec sleep 30")});
+  const auto c = run(
+      {sh("rank 0", "exec sleep 30"), sh("rank 1", "echo dying >&2; exit 7"), sh("rank 2", "exec sleep 30")});
   ASSERT_TRUE(c.result.first_failure);
   EXPECT_EQ(c.result.first_failure->index, 1);
   EXPECT_FALSE(c.result.first_failure->signaled);

@@ -184,12 +184,35 @@ TEST(SymmetricDecisions, InjectedThrowStopsAllReplicas) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << "replicas hung";
 }
 
+// The card's same-seed bug: every replica reads rank 0's shard. The first
+// check (step K - 1) stops the run, naming the bug, long before the epoch
+// ends; a normal run passes every check, one per K steps and one at the end.
+TEST(DataAccounting, SameSeedStopsAtTheFirstCheckNamingTheBug) {
+  auto c = config(4);
+  c.steps = 40;
+  c.check_every = 8;
+  c.inject = {fault_from_string("same-seed")};
+  const auto what = error_of(c);
+  EXPECT_NE(what.find("data accounting failed by step 7: ranks 0, 1, 2 and 3 read identical samples"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("same-seed bug"), std::string::npos) << what;
+
+  c.inject.clear();
+  const auto r = train(c, synthetic_data(1024));
+  EXPECT_EQ(r.accounting_checks, 5);  // steps 7, 15, 23, 31, 39 (the last is also the run's end)
+  c.check_every = 0;                    // detector off: accounting still runs at every epoch's end
+  c.steps = 40;
+  EXPECT_EQ(train(c, synthetic_data(1024)).accounting_checks, 3);  // 16 steps per epoch: 15, 31, 39
+}
+
 TEST(Inject, SpecsParseOrAreRefused) {
   const auto f = fault_from_string("bitflip@20:3");
   EXPECT_EQ(f.kind, Fault::Kind::BitFlip);
   EXPECT_EQ(f.step, 20);
   EXPECT_EQ(f.rank, 3);
   EXPECT_EQ(fault_from_string("nan@0:0").kind, Fault::Kind::NaN);
+  EXPECT_EQ(fault_from_string("same-seed").kind, Fault::Kind::SameSeed);
   for (const char* bad :
        {"", "bitflip", "bitflip@", "bitflip@1", "flip@1:2", "nan@-1:2", "nan@1:x", "nan@1:99999"})
     EXPECT_THROW(fault_from_string(bad), InvalidArgument) << bad;

@@ -43,10 +43,9 @@ void pin_blas_threads(int replicas) {
 std::vector<TrainResult> run_replicas(const TrainConfig& c, const data::ImageClassificationData& data) {
   pin_blas_threads(c.replicas);
   std::vector<TrainResult> results(c.replicas);
-  const auto errors = run_group(comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout}),
-                                [&](comm::Communicator& comm) {
-                                  results[comm.rank()] = train_replica(c, data, comm);
-                                });
+  const auto errors =
+      run_group(comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout}),
+                [&](comm::Communicator& comm) { results[comm.rank()] = train_replica(c, data, comm); });
   testing::rethrow_first(errors);
   return results;
 }
@@ -102,9 +101,9 @@ TEST(TrainReplica, AFailingRankStopsTheOthersWithItsReason) {
   c.timeout = std::chrono::seconds(600);  // a wait for the timeout would trip the guard below
   c.inject.push_back({.kind = Fault::Kind::Throw, .step = 2, .rank = 1});
   pin_blas_threads(c.replicas);
-  const auto errors =
-      run_group(comm::make_thread_group({.world_size = 3, .timeout = c.timeout}),
-                [&](comm::Communicator& comm) { train_replica(c, data, comm); }, std::chrono::seconds(60));
+  const auto errors = run_group(
+      comm::make_thread_group({.world_size = 3, .timeout = c.timeout}),
+      [&](comm::Communicator& comm) { train_replica(c, data, comm); }, std::chrono::seconds(60));
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(errors[r]) << "rank " << r << " finished";
     try {

@@ -19,6 +19,9 @@ enum class Algorithm {
   HalvingDoubling,  // recursive halving + doubling, any N; 2 log2 N rounds
   Naive,            // gather to rank 0, reduce, broadcast; the reference
   SharedMemory,     // the backend's native shared-memory path (threads backend only)
+  Native,           // the transport library's own all-reduce (Gloo's, MPI_Allreduce), for comparison
+  Tree,             // halving from the nearest partner out: one balanced tree over ranks, the same bits as
+                    // one rank summing in order (bit-exact training); powers of two only
 };
 
 struct AllreduceOptions {

@@ -76,6 +76,10 @@ class NativeAllreduce {
   // `fingerprint` is this rank's; unless `verify` is false the backend checks
   // it against the others'.
   virtual void allreduce(std::span<float> data, const Fingerprint& fingerprint, bool verify) = 0;
+  // True for the threads backend's shared-memory path (Algorithm::SharedMemory,
+  // which Auto prefers); false for a transport library's own all-reduce
+  // (Algorithm::Native: Gloo's, MPI_Allreduce), which is only used when asked.
+  virtual bool shares_memory() const { return false; }
 };
 
 class Communicator {

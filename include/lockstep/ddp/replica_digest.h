@@ -49,6 +49,15 @@ struct DigestMismatch {
 std::vector<DigestMismatch> compare_across_ranks(comm::Communicator& comm,
                                                  std::span<const std::uint64_t> digests);
 
+// The two halves of compare_across_ranks, for callers that gather more than
+// digests in the same call. gather_words: collective, returns the N x
+// words.size() table (rank-major) of every rank's words, exactly; same cost
+// as above. find_mismatches: pure, over `fields` of the table's columns
+// [first, first + fields).
+std::vector<std::uint64_t> gather_words(comm::Communicator& comm, std::span<const std::uint64_t> words);
+std::vector<DigestMismatch> find_mismatches(std::span<const std::uint64_t> table, int world_size,
+                                            std::size_t first, std::size_t fields);
+
 // A rank that is in the majority for every mismatch (the lowest), or -1 if
 // there is none. The rank to repair the others from.
 int healthy_rank(std::span<const DigestMismatch> mismatches, int world_size);

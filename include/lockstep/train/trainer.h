@@ -60,12 +60,14 @@ struct Fault {
     BitFlip,  // after the step's optimizer update, flip one bit of one weight on RANK
     NaN,      // make one of RANK's local gradients NaN before the all-reduce
     Throw,    // RANK throws an Error at the start of the step
+    SameSeed,  // the card's bug: every replica reads rank 0's shard (as if all drew it with one seed);
+               // every step, every rank ("--inject same-seed")
   };
   Kind kind = Kind::BitFlip;
   std::int64_t step = 0;
   int rank = 0;
 };
-// "bitflip@20:3", "nan@5:0", "throw@2:1"; throws InvalidArgument on anything else.
+// "bitflip@20:3", "nan@5:0", "throw@2:1", "same-seed"; throws InvalidArgument on anything else.
 Fault fault_from_string(std::string_view spec);
 
 struct TrainConfig {
@@ -91,6 +93,10 @@ struct TrainConfig {
   ddp::Compression compression = ddp::Compression::None;
   Overlap overlap = Overlap::Auto;
   comm::LinkModel link;  // modelled interconnect between the replicas; default: none
+  // Bit-exact for any power-of-two replica count (src/train/atoms.h): gradients of `atom`-sample atoms,
+  // summed in one tree over atom index; the last partial global batch of an epoch is dropped.
+  bool deterministic = false;
+  std::int64_t atom = 32;
   comm::Duration timeout{std::chrono::seconds(60)};
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
@@ -160,9 +166,11 @@ struct TrainResult {
   std::string model_description, optimizer_description;
   nn::Layout layout;
   nn::Layout buffer_layout;   // e.g. batch norm running statistics; kept per replica
-  std::vector<float> params;  // replica 0's final weights
+  std::vector<float> params;   // replica 0's final weights
+  std::vector<float> buffers;  // replica 0's final buffers (buffer_layout)
   std::size_t handshake_fields = 0;
   std::int64_t divergence_checks = 0, repairs = 0;
+  std::int64_t accounting_checks = 0;  // exactly-once data accounting (every check step and epoch end)
   struct Skip {
     std::int64_t step = 0;
     std::vector<int> ranks;  // the replicas whose local gradient was not finite

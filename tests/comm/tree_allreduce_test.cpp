@@ -1,0 +1,96 @@
+// The tree all-reduce: every element summed in the balanced binary tree over
+// rank index, the same bits as one rank summing the inputs pairwise in order
+// (Note [Tree order], src/comm/tree_allreduce.cpp).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
+#include "run_ranks.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::rethrow_first;
+using testing::run_ranks;
+
+// The naive sibling: ((v0 + v1) + (v2 + v3)) + ... over a power-of-two count.
+float tree_sum(std::span<const float> v) {
+  if (v.size() == 1) return v[0];
+  const std::size_t h = v.size() / 2;
+  return tree_sum(v.first(h)) + tree_sum(v.subspan(h));
+}
+
+// Inputs whose sums round differently in different orders.
+std::vector<float> inputs(int rank, std::size_t count) {
+  std::mt19937 gen(1234 + rank);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (auto& x : v) x = d(gen) * std::ldexp(1.0f, int(gen() % 20) - 10);
+  return v;
+}
+
+TEST(TreeAllreduce, EqualsTheBalancedTreeOverRanksBitForBit) {
+  for (int n : {1, 2, 4, 8}) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t(n), std::size_t{1001}, std::size_t{1} << 16}) {
+      std::vector<std::vector<float>> results(n);
+      rethrow_first(run_ranks(n, [&](Communicator& comm) {
+        auto data = inputs(comm.rank(), count);
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Tree});
+        results[comm.rank()] = std::move(data);
+      }));
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
+      std::size_t differs_from_sequential = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        std::vector<float> column;
+        float sequential = 0;
+        for (int r = 0; r < n; ++r) {
+          column.push_back(in[r][i]);
+          sequential += in[r][i];
+        }
+        const float want = tree_sum(column);
+        ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0) << "n=" << n << " i=" << i;
+        differs_from_sequential += sequential != want;
+      }
+      for (int r = 1; r < n; ++r)
+        ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
+      if (n == 8 && count > 1000) EXPECT_GT(differs_from_sequential, 0u) << "the inputs cannot tell the orders apart";
+    }
+  }
+}
+
+TEST(TreeAllreduce, AllOpsAndBytesOnTheWire) {
+  const std::size_t count = 8 * 1000;
+  for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+    std::vector<std::uint64_t> sent(8);
+    std::vector<float> first(count);
+    rethrow_first(run_ranks(8, [&](Communicator& comm) {
+      std::vector<float> data(count, float(comm.rank() + 1));
+      allreduce(comm, data, {.op = op, .algorithm = Algorithm::Tree});
+      sent[comm.rank()] = comm.stats().bytes_sent;
+      if (comm.rank() == 0) first = data;
+    }));
+    const float want = op == ReduceOp::Sum ? 36 : op == ReduceOp::Mean ? 4.5f : op == ReduceOp::Max ? 8 : 1;
+    for (float v : first) ASSERT_EQ(v, want) << to_string(op);
+    for (auto s : sent) EXPECT_EQ(s, 2 * count * 4 * 7 / 8) << to_string(op);
+  }
+}
+
+TEST(TreeAllreduce, RefusesANonPowerOfTwoWorld) {
+  auto errors = run_ranks(3, [&](Communicator& comm) {
+    std::vector<float> data(10, 1.0f);
+    allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Tree});
+  });
+  try {
+    rethrow_first(errors);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("power-of-two number of ranks, not 3"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::comm
