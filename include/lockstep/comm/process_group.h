@@ -65,6 +65,12 @@ ProcessGroupOptions with_environment(ProcessGroupOptions options);
 // (InvalidArgument). Defined only in builds with the backend; connect() is
 // always there and throws InvalidArgument for a backend that was not built.
 std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& options);
+// MPI: mpirun starts and connects the ranks, so rendezvous, bind, secret_file
+// and rendezvous_timeout are not used; rank and world size come from MPI
+// (options that state them must agree: InvalidArgument otherwise). The first
+// MPI communicator of a process initialises MPI, the last one to go finalises
+// it; MPI cannot be initialised again after that (lockstep::Error). A dead
+// rank is mpirun's to handle: it stops the whole job (docs/errors.md).
 std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options);
 // Dispatches on `backend` (not Threads).
 std::unique_ptr<Communicator> connect(Backend backend, const ProcessGroupOptions& options);
