@@ -5,7 +5,7 @@ if(NOT TARGET lockstep_comm_mpi)
   return()
 endif()
 
-add_executable(lockstep_mpi_tests mpi_rank_main.cpp mpi_collectives_test.cpp mpi_failure_test.cpp)
+add_executable(lockstep_mpi_tests mpi_rank_main.cpp mpi_collectives_test.cpp mpi_failure_test.cpp mpi_kill_test.cpp)
 target_link_libraries(lockstep_mpi_tests PRIVATE lockstep_comm_mpi GTest::gtest Threads::Threads)
 target_include_directories(lockstep_mpi_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
 
@@ -22,6 +22,16 @@ foreach(n 2 3 4 8)
                    $<TARGET_FILE:lockstep_mpi_tests>)
   set_tests_properties(lockstep_mpi_tests.np${n} PROPERTIES
     LABELS process TIMEOUT 120 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
+endforeach()
+
+# A rank killed in the middle of all-reduces (rank 0, and another): mpirun
+# must end the job, non-zero, naming it, with no rank left behind.
+foreach(victim 0 2)
+  add_test(NAME lockstep_mpi_kill.np4_rank${victim}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mpi_kill_test.sh ${LOCKSTEP_MPIEXEC}
+                   $<TARGET_FILE:lockstep_mpi_tests> 4 ${victim})
+  set_tests_properties(lockstep_mpi_kill.np4_rank${victim} PROPERTIES
+    LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
 endforeach()
 
 # The tag mapping alone: a pure function, no MPI needed (the quick set).
