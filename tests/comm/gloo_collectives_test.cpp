@@ -10,19 +10,28 @@
 namespace lockstep::testing {
 namespace {
 
-class GlooGrid : public TempDirTest, public ::testing::WithParamInterface<int> {};
+// (world size, all-reduce algorithm or "others": the other collectives)
+class GlooGrid : public TempDirTest, public ::testing::WithParamInterface<std::tuple<int, std::string>> {};
 
-TEST_P(GlooGrid, EveryCollectiveMatchesTheClosedFormBitwiseOnEveryRank) {
-  const int n = GetParam();
+TEST_P(GlooGrid, MatchesTheClosedFormBitwiseOnEveryRank) {
+  const auto [n, algorithm] = GetParam();
   GlooGroup group(dir_);
   group.spawn_all(n, {"--world-size", std::to_string(n), "--rendezvous", "file:" + (dir_ / "rdv").string(),
-                      "--scenario", "grid", "--timeout-ms", "30000"});
+                      "--scenario", "grid", "--algorithm", algorithm, "--timeout-ms", "30000"});
   const auto exits = group.wait_all(std::chrono::seconds(55));
   for (int r = 0; r < n; ++r) EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].log;
 }
 
-INSTANTIATE_TEST_SUITE_P(Processes, GlooGrid, ::testing::Values(2, 3, 4, 8),
-                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
+INSTANTIATE_TEST_SUITE_P(Processes, GlooGrid,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values("ring", "naive", "halving_doubling", "native", "auto",
+                                                              "others")),
+                         [](const auto& info) {
+                           std::string name = std::get<1>(info.param);
+                           name += "_";
+                           name += std::to_string(std::get<0>(info.param));
+                           return name + "_ranks";
+                         });
 
 }  // namespace
 }  // namespace lockstep::testing
