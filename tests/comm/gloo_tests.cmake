@@ -17,4 +17,4 @@ target_compile_definitions(lockstep_gloo_tests PRIVATE LOCKSTEP_TEST_TMPDIR="${C
                                                        LOCKSTEP_GLOO_RANK="$<TARGET_FILE:lockstep_gloo_rank>")
 add_dependencies(lockstep_gloo_tests lockstep_gloo_rank)
 gtest_discover_tests(lockstep_gloo_tests TEST_PREFIX "lockstep_gloo_tests." DISCOVERY_TIMEOUT 60
-                     PROPERTIES LABELS process TIMEOUT 120)
+                     PROPERTIES LABELS process TIMEOUT 150)
