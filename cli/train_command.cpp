@@ -31,6 +31,7 @@ struct TrainFlags {
   std::string shuffle = "on";
   std::string schedule = "cosine";
   std::string ragged = "weighted";
+  std::string bn_stats = "local";
   std::string algorithm = "auto";
   std::string compress = "none";
   std::string overlap = "auto";
@@ -179,6 +180,7 @@ int run_train(TrainFlags& f) {
   c.shuffle = f.shuffle == "on";
   c.schedule = f.schedule == "cosine" ? optim::Schedule::Cosine : optim::Schedule::Constant;
   c.ragged = train::ragged_from_string(f.ragged);
+  c.bn_stats = train::bn_stats_from_string(f.bn_stats);
   c.algorithm = comm::algorithm_from_string(f.algorithm);
   c.compression = f.compress == "bf16" ? ddp::Compression::Bf16 : ddp::Compression::None;
   c.overlap = f.overlap == "on"    ? train::Overlap::On
@@ -339,6 +341,10 @@ Action add_train_command(CLI::App& app) {
                   "An epoch's last partial global batch: keep it as ragged shards weighted by sample count, "
                   "drop it, or pad the shards to equal size and mask the padding")
       ->check(CLI::IsMember({"weighted", "drop", "pad"}));
+  cmd->add_option("--bn-stats", flags->bn_stats,
+                  "Batch norm running statistics: local (each replica its own, never communicated) or sync "
+                  "(the replicas' updates averaged every step, so all hold the same)")
+      ->check(CLI::IsMember({"local", "sync"}));
   cmd->add_flag("--deterministic", c.deterministic,
                 "Bit-exact for any power-of-two replica count: per-atom gradients summed in one tree over atom "
                 "index, divided once; drops an epoch's last partial global batch");
@@ -401,7 +407,7 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
-                  "update), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
+                  "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
                   "shard); repeatable")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")

@@ -4,6 +4,7 @@
 // what makes the replicas take the same branch (Note [Symmetric decisions]).
 #include "guards.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +41,8 @@ const char* kind_name(Fault::Kind k) {
   switch (k) {
     case Fault::Kind::BitFlip:
       return "bitflip";
+    case Fault::Kind::BufferBitFlip:
+      return "bitflip-buffer";
     case Fault::Kind::NaN:
       return "nan";
     case Fault::Kind::Throw:
@@ -85,6 +88,8 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"--accumulate", std::to_string(c.accumulate)},
       {"--shuffle", c.shuffle ? "on" : "off"},
       {"--ragged", to_string(c.ragged)},
+      {"--deterministic (--atom)", c.deterministic ? "on, atom " + std::to_string(c.atom) : "off"},
+      {"--bn-stats", c.bn_stats == BnStats::Sync ? "sync" : "local"},
       {"data set (size, features, classes, labels)",
        std::to_string(data.train.size) + " " + std::to_string(data.train.features) + " " +
            std::to_string(data.train.num_classes) + " " + labels_digest},
@@ -127,32 +132,45 @@ bool reduced_nonfinite_sentinel(std::span<const float> grads) {
   return !grads.empty() && !std::isfinite(grads[0]);
 }
 
-StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer) {
+StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer,
+                                   const nn::Layout& buffers) {
   for (const auto& t : layout.tensors()) {
-    fields_.push_back({false, t.offset, t.numel});
+    fields_.push_back({Source::Params, t.offset, t.numel});
     names_.push_back(t.name);
   }
   const auto slots = optimizer.slot_names();
   for (std::size_t s = 0; s < slots.size(); ++s) {
     for (const auto& t : layout.tensors()) {  // slot s is laid out like the parameters, at s x P
-      fields_.push_back({true, s * layout.numel() + t.offset, t.numel});
+      fields_.push_back({Source::State, s * layout.numel() + t.offset, t.numel});
       names_.push_back(t.name + " (optimizer " + slots[s] + ")");
     }
   }
+  for (const auto& t : buffers.tensors()) {
+    fields_.push_back({Source::Buffers, t.offset, t.numel});
+    names_.push_back(t.name + " (buffer)");
+  }
 }
 
-std::vector<std::uint64_t> StateFingerprint::digests(std::span<const float> params,
-                                                     std::span<const float> state) const {
+std::vector<std::uint64_t> StateFingerprint::digests(std::span<const float> params, std::span<const float> state,
+                                                     std::span<const float> buffers) const {
   std::vector<std::uint64_t> digests;
   digests.reserve(fields_.size() + 2);
-  for (const auto& f : fields_)
-    digests.push_back(ddp::digest((f.state ? state : params).subspan(f.offset, f.numel)));
+  for (const auto& f : fields_) {
+    const auto from = f.source == Source::Params ? params : f.source == Source::State ? state : buffers;
+    digests.push_back(ddp::digest(from.subspan(f.offset, f.numel)));
+  }
   return digests;
 }
 
 Guards::Guards(const TrainConfig& c, const TrainHooks& hooks, comm::Communicator& comm,
                const nn::Model& model, const optim::Optimizer& optimizer)
-    : c_(c), hooks_(hooks), comm_(comm), layout_(model.layout()), fingerprint_(model.layout(), optimizer) {}
+    : c_(c),
+      hooks_(hooks),
+      comm_(comm),
+      layout_(model.layout()),
+      buffer_layout_(model.buffer_layout()),
+      buffers_replicated_(c.bn_stats == BnStats::Sync || c.deterministic),
+      fingerprint_(model.layout(), optimizer, model.buffer_layout()) {}
 
 void Guards::warn(const std::string& message) const {
   if (hooks_.on_warning) hooks_.on_warning(message);
@@ -170,14 +188,23 @@ void Guards::maybe_throw(std::int64_t step) const {
               " (--inject throw@" + std::to_string(step) + ":" + std::to_string(comm_.rank()) + ").");
 }
 
-void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params) const {
-  if (!injects(Fault::Kind::BitFlip, step) || params.empty()) return;
-  // The weight in the middle of the arena; bit 22 (the mantissa's top bit):
+void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params, std::span<float> buffers) const {
+  const bool buffer = injects(Fault::Kind::BufferBitFlip, step);
+  if (buffer && buffers.empty()) {
+    throw InvalidArgument("--inject bitflip-buffer needs a model with buffers (--model cnn).");
+  }
+  if (!buffer) {
+    if (!injects(Fault::Kind::BitFlip, step) || params.empty()) return;
+  } else {
+    params = buffers;
+  }
+  const nn::Layout& layout = buffer ? buffer_layout_ : layout_;
+  // The value in the middle of the arena; bit 22 (the mantissa's top bit):
   // the value changes by up to half and stays finite.
   const std::size_t i = params.size() / 2;
   params[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(params[i]) ^ (1u << 22));
   std::string tensor = "?";
-  for (const auto& t : layout_.tensors())
+  for (const auto& t : layout.tensors())
     if (i >= t.offset && i < t.offset + t.numel) tensor = t.name + "[" + std::to_string(i - t.offset) + "]";
   warn("rank " + std::to_string(comm_.rank()) + ": injected a bit flip in " + tensor + " after step " +
        std::to_string(step) + ".");
@@ -234,12 +261,12 @@ void Guards::plan_step(std::span<const std::int64_t> order, std::int64_t begin, 
 }
 
 bool Guards::check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
-                   ReplicaOutput& out) {
+                   std::span<float> buffers, ReplicaOutput& out) {
   const bool divergence = c_.check_every > 0 && (step + 1) % c_.check_every == 0;
   if (!divergence && !epoch_end) return false;
   // One gather: the state's fingerprints (if due), then this window's tally.
   std::vector<std::uint64_t> words;
-  if (divergence) words = fingerprint_.digests(params, state);
+  if (divergence) words = fingerprint_.digests(params, state, buffers);
   const std::size_t fields = words.size();
   words.push_back(read_.count);
   words.push_back(read_.sum);
@@ -257,8 +284,14 @@ bool Guards::check(std::int64_t step, bool epoch_end, std::span<float> params, s
   read_ = planned_ = {};
   if (!divergence) return false;
 
-  const auto m = ddp::find_mismatches(table, comm_.size(), 0, fields);
+  auto m = ddp::find_mismatches(table, comm_.size(), 0, fields);
   ++out.divergence_checks;
+  // --bn-stats local: buffers differ by design; count it, do not call it divergence.
+  const auto local = std::remove_if(m.begin(), m.end(), [&](const ddp::DigestMismatch& d) {
+    return !buffers_replicated_ && fingerprint_.is_buffer(d.field);
+  });
+  if (local != m.end()) ++out.buffer_checks_differing;
+  m.erase(local, m.end());
   if (m.empty()) return true;
   std::string what = "replicas diverged by step " + std::to_string(step) + ": " +
                      fingerprint_.name(m[0].field) + " on " + ddp::describe_ranks(m[0].ranks) +
@@ -273,6 +306,7 @@ bool Guards::check(std::int64_t step, bool epoch_end, std::span<float> params, s
   before = comm_.stats().bytes_sent;
   comm::broadcast(comm_, params, root);
   comm::broadcast(comm_, state, root);
+  if (buffers_replicated_ && !buffers.empty()) comm::broadcast(comm_, buffers, root);
   out.traffic.repair += comm_.stats().bytes_sent - before;
   ++out.repairs;
   if (comm_.rank() == 0)

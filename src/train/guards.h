@@ -41,18 +41,22 @@ bool has_nonfinite(std::span<const float> values);
 void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite);
 bool reduced_nonfinite_sentinel(std::span<const float> grads);
 
-// Fingerprints of the replicated state: every parameter tensor, and every
-// optimizer slot of every tensor. Buffers are per replica and not included.
+// Fingerprints of the replica's state: every parameter tensor, every
+// optimizer slot of every tensor, then every buffer (batch norm's running
+// statistics; identical across replicas only with --bn-stats sync).
 class StateFingerprint {
  public:
-  StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer);
+  StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer, const nn::Layout& buffers);
   // One digest per field, in field order (compared across ranks by Guards::check).
-  std::vector<std::uint64_t> digests(std::span<const float> params, std::span<const float> state) const;
+  std::vector<std::uint64_t> digests(std::span<const float> params, std::span<const float> state,
+                                     std::span<const float> buffers) const;
   const std::string& name(std::size_t field) const { return names_[field]; }
+  bool is_buffer(std::size_t field) const { return fields_[field].source == Source::Buffers; }
 
  private:
+  enum class Source { Params, State, Buffers };
   struct Field {
-    bool state;  // optimizer state (else parameters)
+    Source source;
     std::size_t offset, numel;
   };
   std::vector<Field> fields_;
@@ -68,8 +72,8 @@ class Guards {
   bool injects(Fault::Kind kind, std::int64_t step) const;
   // At the start of a step: --inject throw.
   void maybe_throw(std::int64_t step) const;
-  // After the optimizer update: --inject bitflip.
-  void maybe_flip_bit(std::int64_t step, std::span<float> params) const;
+  // After the optimizer update: --inject bitflip (a weight), bitflip-buffer (a buffer value).
+  void maybe_flip_bit(std::int64_t step, std::span<float> params, std::span<float> buffers) const;
 
   // After the all-reduce. `reduced_nonfinite` is the all-reduced sentinel
   // (Note [Non-finite sentinel]), the same on every replica; only when it is
@@ -95,7 +99,7 @@ class Guards {
   // the replicas diverged (stop), or re-broadcasts from a majority replica
   // (repair). Returns whether the divergence detector ran.
   bool check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
-             ReplicaOutput& out);
+             std::span<float> buffers, ReplicaOutput& out);
 
  private:
   void warn(const std::string& message) const;
@@ -103,6 +107,8 @@ class Guards {
   const TrainHooks& hooks_;
   comm::Communicator& comm_;
   const nn::Layout& layout_;
+  const nn::Layout& buffer_layout_;
+  bool buffers_replicated_;  // --bn-stats sync or --deterministic: buffers must agree too
   StateFingerprint fingerprint_;
   std::int64_t consecutive_skips_ = 0;
   ddp::SampleTally read_, planned_;  // since the last check

@@ -136,7 +136,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   }
   Recorder recorder(c.record_timeline, rank, s.t0);
   auto buffers = model->buffers();
-  std::vector<float> buffers_at_step(c.deterministic ? buffers.size() : 0);
+  const bool sync_buffers = c.bn_stats == BnStats::Sync && !buffers.empty() && !c.deterministic;
+  std::vector<float> buffers_at_step(c.deterministic || sync_buffers ? buffers.size() : 0);
+  std::vector<float> buffer_update(sync_buffers ? buffers.size() : 0);
   std::vector<float> atom_vector(c.deterministic ? params.size() + 1 + buffers.size() : 0);
   AtomTree atoms(atom_vector.size());
 
@@ -256,6 +258,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const float global_atoms = static_cast<float>(shard.global_count / c.atom);
       for (std::size_t j = 0; j < nb; ++j) buffers[j] = buffers_at_step[j] + total[np + 1 + j] / global_atoms;
     } else {
+      if (sync_buffers) std::copy(buffers.begin(), buffers.end(), buffers_at_step.begin());
       reducer.begin_step(b, shard.global_count);
       for (std::int64_t k = 0; k < c.accumulate; ++k) {  // micro-steps: rows [lo, hi)
         const std::int64_t lo = rows * k / c.accumulate, hi = rows * (k + 1) / c.accumulate, m = hi - lo;
@@ -284,6 +287,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
                      bt.end, bt.bytes_sent);
       }
+      if (sync_buffers) {  // --bn-stats sync: every replica applies the mean of the replicas' updates
+        for (std::size_t j = 0; j < buffers.size(); ++j) buffer_update[j] = buffers[j] - buffers_at_step[j];
+        const auto sent = comm.stats().bytes_sent;
+        comm::allreduce(comm, buffer_update, {.op = comm::ReduceOp::Mean});
+        out.traffic.buffers += comm.stats().bytes_sent - sent;
+        for (std::size_t j = 0; j < buffers.size(); ++j) buffers[j] = buffers_at_step[j] + buffer_update[j];
+        t_wait_end = Clock::now();
+      }
     }
     if (t_wait_end > t_backward_end) {
       recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_backward_end, t_wait_end);
@@ -293,12 +304,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     if (!guards.skip_step(step, reduced_nonfinite_sentinel(grads), nonfinite, grads, out)) {
       optimizer->step_and_zero_grads(params, grads, lr);
     }
-    guards.maybe_flip_bit(step, params);
+    guards.maybe_flip_bit(step, params, buffers);
     const auto t_optimizer_end = Clock::now();
     recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_optimizer_end);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || step == s.total_steps - 1;
-    const bool checked = guards.check(step, epoch_end, params, optimizer->state(), out);  // in the step's time
+    const bool checked = guards.check(step, epoch_end, params, optimizer->state(), buffers, out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
@@ -340,7 +351,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
-                            out.traffic.repair;
+                            out.traffic.repair -
+                            out.traffic.buffers;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();

@@ -36,7 +36,7 @@ struct ReplicaOutput {
   std::vector<StepSample> steps;
   std::vector<TimelineEvent> events;  // if config.record_timeline
   std::size_t handshake_fields = 0;
-  std::int64_t divergence_checks = 0, repairs = 0, accounting_checks = 0;
+  std::int64_t divergence_checks = 0, repairs = 0, accounting_checks = 0, buffer_checks_differing = 0;
   std::vector<TrainResult::Skip> skipped;
 };
 

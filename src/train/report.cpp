@@ -86,7 +86,17 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     for (std::size_t i = 0; i < r.buffer_layout.tensors().size(); ++i) {
       s += (i ? ", " : "") + r.buffer_layout.tensors()[i].name;
     }
-    s += "): each replica updates its own from its own micro-batches; never communicated\n";
+    if (c.deterministic) {
+      s += "): each atom's update summed in the atom tree and applied once; identical on every replica\n";
+    } else if (c.bn_stats == BnStats::Sync) {
+      s += "): --bn-stats sync, the replicas' updates averaged every step; identical on every replica\n";
+    } else {
+      s += "): --bn-stats local, each replica updates its own from its own micro-batches; never communicated";
+      if (r.divergence_checks > 0)
+        s += " (they differed at " + std::to_string(r.buffer_checks_differing) + " of " +
+             std::to_string(r.divergence_checks) + " checks, as expected)";
+      s += "\n";
+    }
   }
   s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
        " fields agreed, weights verified after the broadcast; ";
@@ -94,7 +104,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     std::snprintf(
         line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
         r.times.step_ms > 0 ? 100 * r.times.check_ms / double(c.check_every) / r.times.step_ms : 0.0);
-    s += "weights and optimizer state compared every " + std::to_string(c.check_every) + " step" +
+    s += std::string(r.buffer_layout.tensors().empty() || (c.bn_stats == BnStats::Local && !c.deterministic)
+                         ? "weights and optimizer state"
+                         : "weights, optimizer state and buffers") +
+         " compared every " + std::to_string(c.check_every) + " step" +
          (c.check_every > 1 ? "s" : "") + " (" + std::to_string(r.divergence_checks) + " checks, " + line +
          ", " + std::to_string(r.repairs) + " repairs)";
   } else {
@@ -158,6 +171,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"divergence_checks", r.divergence_checks},
                  {"repairs", r.repairs},
                  {"accounting_checks", r.accounting_checks},
+                 {"bn_stats", c.bn_stats == BnStats::Sync ? "sync" : "local"},
+                 {"buffer_checks_differing", r.buffer_checks_differing},
                  {"max_skips", c.max_skips},
                  {"skipped_steps", skipped}};
   j["timing"] = {{"step_ms", r.times.step_ms},
@@ -190,7 +205,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"gradients", t.gradients},
                    {"control", t.control},
                    {"checks", t.checks},
-                   {"repair", t.repair},
+                   {"repair", t.repair}, {"buffers", t.buffers},
                    {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;

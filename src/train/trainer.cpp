@@ -82,6 +82,12 @@ Ragged ragged_from_string(std::string_view name) {
                         "'; the choices are: weighted, drop, pad");
 }
 
+BnStats bn_stats_from_string(std::string_view name) {
+  if (name == "local") return BnStats::Local;
+  if (name == "sync") return BnStats::Sync;
+  throw InvalidArgument("unknown --bn-stats '" + std::string(name) + "'; the choices are: local, sync");
+}
+
 OnDivergence on_divergence_from_string(std::string_view name) {
   if (name == "stop") return OnDivergence::Stop;
   if (name == "repair") return OnDivergence::Repair;
@@ -101,6 +107,8 @@ Fault fault_from_string(std::string_view spec) {
   const auto kind = spec.substr(0, at);
   if (kind == "bitflip") {
     f.kind = Fault::Kind::BitFlip;
+  } else if (kind == "bitflip-buffer") {
+    f.kind = Fault::Kind::BufferBitFlip;
   } else if (kind == "nan") {
     f.kind = Fault::Kind::NaN;
   } else if (kind == "throw") {
@@ -240,6 +248,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.handshake_fields = o.handshake_fields;
   res.divergence_checks = o.divergence_checks;
   res.accounting_checks = o.accounting_checks;
+  res.buffer_checks_differing = o.buffer_checks_differing;
   res.repairs = o.repairs;
   res.skipped = o.skipped;
   return res;

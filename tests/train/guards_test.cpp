@@ -206,6 +206,37 @@ TEST(DataAccounting, SameSeedStopsAtTheFirstCheckNamingTheBug) {
   EXPECT_EQ(train(c, synthetic_data(1024)).accounting_checks, 3);  // 16 steps per epoch: 15, 31, 39
 }
 
+// Buffers (batch norm running statistics): with --bn-stats sync every
+// replica holds the same, so the detector covers them and a flipped bit in
+// one is caught like a weight's; with local they differ by design, and the
+// detector reports that as expected, not as divergence.
+TEST(Divergence, BufferBitFlipIsCaughtWithSyncStatsAndExpectedWithLocal) {
+  auto c = config(4);
+  c.model = "cnn";
+  c.micro_batch = 8;
+  c.check_every = 4;
+  const auto data = synthetic_data(512, 28 * 28);
+  c.bn_stats = BnStats::Sync;
+  const auto clean = train(c, data);
+  EXPECT_EQ(clean.buffer_checks_differing, 0);
+  EXPECT_EQ(clean.divergence_checks, 3);
+  c.inject = {fault_from_string("bitflip-buffer@5:2")};
+  std::string what;
+  try {
+    train(c, data);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("replicas diverged by step 7: "), std::string::npos) << what;
+  EXPECT_NE(what.find("(buffer) on rank 2 differs from ranks 0, 1 and 3"), std::string::npos) << what;
+
+  c.bn_stats = BnStats::Local;
+  const auto local = train(c, data);  // the flip is lost among differences that are expected
+  EXPECT_EQ(local.buffer_checks_differing, 3);
+  c.inject.clear();
+  EXPECT_EQ(train(c, data).buffer_checks_differing, 3);
+}
+
 TEST(Inject, SpecsParseOrAreRefused) {
   const auto f = fault_from_string("bitflip@20:3");
   EXPECT_EQ(f.kind, Fault::Kind::BitFlip);
@@ -213,6 +244,7 @@ TEST(Inject, SpecsParseOrAreRefused) {
   EXPECT_EQ(f.rank, 3);
   EXPECT_EQ(fault_from_string("nan@0:0").kind, Fault::Kind::NaN);
   EXPECT_EQ(fault_from_string("same-seed").kind, Fault::Kind::SameSeed);
+  EXPECT_EQ(fault_from_string("bitflip-buffer@3:1").kind, Fault::Kind::BufferBitFlip);
   for (const char* bad :
        {"", "bitflip", "bitflip@", "bitflip@1", "flip@1:2", "nan@-1:2", "nan@1:x", "nan@1:99999"})
     EXPECT_THROW(fault_from_string(bad), InvalidArgument) << bad;

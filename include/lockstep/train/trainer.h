@@ -46,6 +46,13 @@ const char* to_string(Ragged ragged);
 enum class Overlap { Auto, On, Off };
 Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument naming the choices
 
+// How batch norm's running statistics (the model's buffers) are kept.
+enum class BnStats {
+  Local,  // each replica updates its own from its own micro-batches; never communicated; they differ
+  Sync,   // each step, the replicas' updates are averaged (one small all-reduce), so all hold the same
+};
+BnStats bn_stats_from_string(std::string_view name);  // throws InvalidArgument
+
 // What the divergence detector does when the replicas' fingerprints differ.
 enum class OnDivergence {
   Stop,    // every replica throws an Error naming the step, the first tensor and the odd ranks
@@ -58,6 +65,7 @@ OnDivergence on_divergence_from_string(std::string_view name);  // throws Invali
 struct Fault {
   enum class Kind {
     BitFlip,  // after the step's optimizer update, flip one bit of one weight on RANK
+    BufferBitFlip,  // the same in one buffer value (batch norm running statistics): "bitflip-buffer@S:R"
     NaN,      // make one of RANK's local gradients NaN before the all-reduce
     Throw,    // RANK throws an Error at the start of the step
     SameSeed,  // the card's bug: every replica reads rank 0's shard (as if all drew it with one seed);
@@ -97,6 +105,7 @@ struct TrainConfig {
   // summed in one tree over atom index; the last partial global batch of an epoch is dropped.
   bool deterministic = false;
   std::int64_t atom = 32;
+  BnStats bn_stats = BnStats::Local;  // deterministic mode always sums the buffers' updates in its tree
   comm::Duration timeout{std::chrono::seconds(60)};
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
@@ -142,6 +151,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t control = 0;      // loss and accuracy tallies
   std::uint64_t checks = 0;       // fingerprints and non-finite flags
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
+  std::uint64_t buffers = 0;      // buffer updates averaged by --bn-stats sync
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -171,6 +181,9 @@ struct TrainResult {
   std::size_t handshake_fields = 0;
   std::int64_t divergence_checks = 0, repairs = 0;
   std::int64_t accounting_checks = 0;  // exactly-once data accounting (every check step and epoch end)
+  // --bn-stats local: at how many divergence checks the buffers differed
+  // between replicas (expected, not divergence).
+  std::int64_t buffer_checks_differing = 0;
   struct Skip {
     std::int64_t step = 0;
     std::vector<int> ranks;  // the replicas whose local gradient was not finite
