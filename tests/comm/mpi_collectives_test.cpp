@@ -19,7 +19,9 @@ namespace {
 
 using testing::mpi_world;
 
-float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+float input(int r, std::size_t i) {
+  return static_cast<float>((r + 1) * ((i % 7) + 1));
+}
 
 float expected(ReduceOp op, int n, std::size_t i) {
   const float base = static_cast<float>((i % 7) + 1);
@@ -82,17 +84,17 @@ TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllAlgorithmsAndOps, MpiAllreduceGrid,
-    ::testing::Values(
-        GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
-        GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
-        GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
-        GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
-        GridCase{Algorithm::HalvingDoubling, ReduceOp::Sum},
-        GridCase{Algorithm::HalvingDoubling, ReduceOp::Mean},
-        GridCase{Algorithm::HalvingDoubling, ReduceOp::Max},
-        GridCase{Algorithm::HalvingDoubling, ReduceOp::Min}, GridCase{Algorithm::Native, ReduceOp::Sum},
-        GridCase{Algorithm::Native, ReduceOp::Mean}, GridCase{Algorithm::Native, ReduceOp::Max},
-        GridCase{Algorithm::Native, ReduceOp::Min}, GridCase{Algorithm::Auto, ReduceOp::Mean}),
+    ::testing::Values(GridCase{Algorithm::Ring, ReduceOp::Sum}, GridCase{Algorithm::Ring, ReduceOp::Mean},
+                      GridCase{Algorithm::Ring, ReduceOp::Max}, GridCase{Algorithm::Ring, ReduceOp::Min},
+                      GridCase{Algorithm::Naive, ReduceOp::Sum}, GridCase{Algorithm::Naive, ReduceOp::Mean},
+                      GridCase{Algorithm::Naive, ReduceOp::Max}, GridCase{Algorithm::Naive, ReduceOp::Min},
+                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Sum},
+                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Mean},
+                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Max},
+                      GridCase{Algorithm::HalvingDoubling, ReduceOp::Min},
+                      GridCase{Algorithm::Native, ReduceOp::Sum}, GridCase{Algorithm::Native, ReduceOp::Mean},
+                      GridCase{Algorithm::Native, ReduceOp::Max}, GridCase{Algorithm::Native, ReduceOp::Min},
+                      GridCase{Algorithm::Auto, ReduceOp::Mean}),
     [](const auto& info) {
       return std::string(to_string(info.param.algorithm)) + "_" + to_string(info.param.op);
     });

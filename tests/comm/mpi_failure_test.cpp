@@ -46,7 +46,8 @@ TEST(MpiFailure, RecvFromASilentPeerTimesOutNamingRankPeerAndTag) {
   } else {
     // The timeout aborted the group: the others, waiting on something else, hear of it.
     const std::string what = message_of([&] { comm->irecv(1, 8, buf)->wait(std::chrono::seconds(30)); });
-    EXPECT_NE(what.find("communicator aborted: rank 1: recv from rank 0 timed out"), std::string::npos) << what;
+    EXPECT_NE(what.find("communicator aborted: rank 1: recv from rank 0 timed out"), std::string::npos)
+        << what;
   }
   // Every later call fails at once.
   std::vector<float> data(10, 1.0f);
@@ -72,8 +73,8 @@ TEST(MpiFailure, SizeMismatchAbortsTheGroup) {
     auto comm = connect_mpi({.timeout = std::chrono::seconds(20)});
     // verify = false: the transport's own size check, not the fingerprint, must catch it.
     std::vector<float> data(comm->rank() == 0 ? 10 : 11, 1.0f);
-    const std::string what =
-        message_of([&] { allreduce(*comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm, .verify = false}); });
+    const std::string what = message_of(
+        [&] { allreduce(*comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm, .verify = false}); });
     EXPECT_NE(what.find("bytes"), std::string::npos) << to_string(algorithm) << ": " << what;
   }
 }
@@ -82,7 +83,8 @@ TEST(MpiFailure, MismatchedCallsNameBothCalls) {
   auto comm = connect_mpi({.timeout = std::chrono::seconds(20)});
   std::vector<float> data(100, 1.0f);
   const auto op = comm->rank() == 0 ? ReduceOp::Max : ReduceOp::Sum;
-  const std::string what = message_of([&] { allreduce(*comm, data, {.op = op, .algorithm = Algorithm::Native}); });
+  const std::string what =
+      message_of([&] { allreduce(*comm, data, {.op = op, .algorithm = Algorithm::Native}); });
   EXPECT_NE(what.find("collective mismatch"), std::string::npos) << what;
   EXPECT_NE(what.find("allreduce(max"), std::string::npos) << what;
   EXPECT_NE(what.find("allreduce(sum"), std::string::npos) << what;
@@ -93,7 +95,8 @@ TEST(MpiFailure, SharedMemoryNeedsTheThreadsBackend) {
   std::vector<float> data(10, 1.0f);
   // InvalidArgument here, or CommAborted if another rank's refusal (which
   // aborts the group) arrives first: either way it names the reason.
-  const std::string what = message_of([&] { allreduce(*comm, data, {.algorithm = Algorithm::SharedMemory}); });
+  const std::string what =
+      message_of([&] { allreduce(*comm, data, {.algorithm = Algorithm::SharedMemory}); });
   EXPECT_NE(what.find("needs the threads backend"), std::string::npos) << what;
 }
 

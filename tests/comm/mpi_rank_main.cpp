@@ -23,8 +23,8 @@ class FailuresOnly : public ::testing::EmptyTestEventListener {
   explicit FailuresOnly(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
-                 result.line_number(), result.summary());
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.summary());
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (info.result()->Failed()) {
@@ -38,7 +38,9 @@ class FailuresOnly : public ::testing::EmptyTestEventListener {
 
 }  // namespace
 
-comm::Communicator& mpi_world() { return *world_slot(); }
+comm::Communicator& mpi_world() {
+  return *world_slot();
+}
 
 }  // namespace lockstep::testing
 

@@ -1,12 +1,13 @@
 // Our 64-bit tags in MPI's tag space (src/comm/mpi/mpi_tags.h): every tag a
 // collective can make stays within MPI_TAG_UB, library channels keep slot 0,
 // and tags of collectives fewer than a window apart never share an MPI tag.
+#include "comm/mpi/mpi_tags.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "comm/algorithms.h"
-#include "comm/mpi/mpi_tags.h"
 #include "comm/fingerprint.h"
 
 namespace lockstep::comm::detail {

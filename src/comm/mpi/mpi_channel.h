@@ -75,12 +75,12 @@ class MpiChannel {
   std::uint64_t tag_window_ = 0;
 
   std::mutex mu_;
-  std::string abort_reason_;                        // guarded by mu_
-  MPI_Request notice_recv_ = MPI_REQUEST_NULL;      // guarded by mu_
-  std::array<char, kNoticeBytes> notice_in_{};      // guarded by mu_ (MPI writes it)
-  std::string notice_out_;                          // guarded by mu_; read by MPI until the sends finish
-  std::vector<MPI_Request> notice_sends_;           // guarded by mu_
-  std::vector<MPI_Request> orphans_;                // guarded by mu_
+  std::string abort_reason_;                    // guarded by mu_
+  MPI_Request notice_recv_ = MPI_REQUEST_NULL;  // guarded by mu_
+  std::array<char, kNoticeBytes> notice_in_{};  // guarded by mu_ (MPI writes it)
+  std::string notice_out_;                      // guarded by mu_; read by MPI until the sends finish
+  std::vector<MPI_Request> notice_sends_;       // guarded by mu_
+  std::vector<MPI_Request> orphans_;            // guarded by mu_
 };
 
 }  // namespace lockstep::comm::detail

@@ -49,9 +49,10 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
     MPI_Request request = MPI_REQUEST_NULL;
     {
       auto lock = channel_->session().lock();
-      detail::check_mpi(MPI_Isend(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
-                                  detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
-                        "MPI_Isend");
+      detail::check_mpi(
+          MPI_Isend(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
+                    detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
+          "MPI_Isend");
     }
     return std::make_unique<MpiWork>(channel_, request,
                                      detail::MpiRequestInfo{MpiOp::Send, peer, tag, data.size(), {}});
@@ -63,9 +64,10 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
     MPI_Request request = MPI_REQUEST_NULL;
     {
       auto lock = channel_->session().lock();
-      detail::check_mpi(MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
-                                  detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
-                        "MPI_Irecv");
+      detail::check_mpi(
+          MPI_Irecv(data.data(), static_cast<int>(data.size()), MPI_BYTE, peer,
+                    detail::to_mpi_tag(tag, channel_->tag_window()), channel_->comm(), &request),
+          "MPI_Irecv");
     }
     return std::make_unique<MpiWork>(channel_, request,
                                      detail::MpiRequestInfo{MpiOp::Recv, peer, tag, data.size(), {}});
@@ -86,15 +88,15 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
   void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
     if (verify) check_fingerprint(fp);
     if (data.size() > static_cast<std::size_t>(INT_MAX)) {
-      detail::invalid_call(*this, "the MPI all-reduce takes at most 2^31 - 1 elements, got " +
-                                      std::to_string(data.size()));
+      detail::invalid_call(
+          *this, "the MPI all-reduce takes at most 2^31 - 1 elements, got " + std::to_string(data.size()));
     }
     const MPI_Op op = fp.op == ReduceOp::Max ? MPI_MAX : fp.op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
     MPI_Request request = MPI_REQUEST_NULL;
     {
       auto lock = channel_->session().lock();
-      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, op,
-                                       channel_->comm(), &request),
+      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT,
+                                       op, channel_->comm(), &request),
                         "MPI_Iallreduce");
     }
     MpiWork(channel_, request, {MpiOp::Allreduce, -1, fp.sequence, 0, describe(fp)}).wait(timeout());
@@ -111,12 +113,13 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
   void check_call(int peer, const char* what, std::size_t bytes) {
     const int r = rank(), n = size();
     if (peer < 0 || peer >= n || peer == r) {
-      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " + std::to_string(peer) +
-                            " in a group of " + std::to_string(n));
+      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " +
+                            std::to_string(peer) + " in a group of " + std::to_string(n));
     }
     if (bytes > static_cast<std::size_t>(INT_MAX)) {
-      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " + std::to_string(peer) +
-                            " " + std::to_string(bytes) + " bytes: MPI messages hold at most 2^31 - 1 bytes");
+      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " +
+                            std::to_string(peer) + " " + std::to_string(bytes) +
+                            " bytes: MPI messages hold at most 2^31 - 1 bytes");
     }
     if (const std::string reason = channel_->poll_abort(); !reason.empty()) {
       throw CommAborted("rank " + std::to_string(r) + ": communicator aborted: " + reason);
@@ -141,7 +144,8 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
                           " was asked for (mpirun -np sets it)");
   }
   if (static_cast<std::uint64_t>(size) + 1 >= channel->tag_window()) {
-    throw InvalidArgument("rank " + std::to_string(rank) + ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
+    throw InvalidArgument("rank " + std::to_string(rank) +
+                          ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
                           std::to_string(channel->tag_window()) + " collectives in flight, too few for " +
                           std::to_string(size) + " ranks (src/comm/mpi/mpi_tags.h)");
   }

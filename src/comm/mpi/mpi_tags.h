@@ -51,7 +51,9 @@ inline constexpr std::uint64_t kLibraryChannelBit = std::uint64_t{1} << 63;
 inline constexpr int kAbortNoticeMpiTag = 0xffff;  // slot 0, round 0xffff
 
 // The number of sequence slots available under `tag_ub` (MPI_TAG_UB).
-inline std::uint64_t mpi_tag_window(int tag_ub) { return (static_cast<std::uint64_t>(tag_ub) + 1) >> 16; }
+inline std::uint64_t mpi_tag_window(int tag_ub) {
+  return (static_cast<std::uint64_t>(tag_ub) + 1) >> 16;
+}
 
 // The MPI tag of lockstep tag `tag` (see above). `window` = mpi_tag_window(tag_ub) >= 2.
 inline int to_mpi_tag(std::uint64_t tag, std::uint64_t window) {

@@ -12,7 +12,8 @@
 // The added latency is at most kMaxSleep on a wait longer than that, and
 // nothing on a short one. The native all-reduce (MPI_Iallreduce) never
 // sleeps, only yields: a non-blocking MPI collective advances its rounds only
-// inside MPI calls, so a sleeping poller would add its sleep to every round. Measured: docs/design.md (MPI backend).
+// inside MPI calls, so a sleeping poller would add its sleep to every round.
+// Measured: docs/design.md (the MPI backend).
 //
 // Note [Buffer lifetime]: a Work that ends without its request completing
 // (timeout, abort, an exception unwinding past it) cancels a receive, but
@@ -62,7 +63,9 @@ bool MpiWork::test() const {
   return flag != 0;
 }
 
-bool MpiWork::done() const { return test(); }
+bool MpiWork::done() const {
+  return test();
+}
 
 std::string MpiWork::who() const {
   const std::string me = "rank " + std::to_string(channel_->rank()) + ": ";
@@ -78,8 +81,7 @@ std::string MpiWork::who() const {
 }
 
 void MpiWork::check_completion() {
-  const std::string what =
-      info_.op == MpiOp::Allreduce ? info_.collective : describe_tag(info_.tag);
+  const std::string what = info_.op == MpiOp::Allreduce ? info_.collective : describe_tag(info_.tag);
   if (error_ != MPI_SUCCESS) {
     int cls = 0;
     MPI_Error_class(error_, &cls);
