@@ -256,6 +256,13 @@ TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   kill(r.pid(), SIGKILL);
   EXPECT_EQ(r.wait(), 128 + SIGKILL);
   EXPECT_TRUE(all_gone(pids, std::chrono::seconds(20))) << "ranks outlived the launcher";
+  // A SIGKILLed launcher cannot remove its rendezvous directory: the test does.
+  const std::string err = r.err();
+  const auto at = err.find("rendezvous file:");
+  ASSERT_NE(at, std::string::npos) << err;
+  const std::string dir = err.substr(at + 16, err.find(')', at) - at - 16);
+  ASSERT_NE(dir.find("lockstep-launch-"), std::string::npos) << dir;
+  fs::remove_all(dir);
 }
 
 // The world size comes from the launcher; --replicas must agree with it.
