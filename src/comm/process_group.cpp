@@ -3,9 +3,10 @@
 // target that exists into this file's target and sets LOCKSTEP_HAVE_GLOO and
 // LOCKSTEP_HAVE_MPI to 1 or 0 accordingly; a backend that was not built is
 // never referred to, so the build links without it.
+#include "lockstep/comm/process_group.h"
+
 #include <string>
 
-#include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -75,7 +76,8 @@ std::unique_ptr<Communicator> connect(Backend backend, const ProcessGroupOptions
     case Backend::Threads:
       break;
   }
-  throw InvalidArgument("connect() is for process backends (gloo, mpi); threads groups come from make_thread_group");
+  throw InvalidArgument(
+      "connect() is for process backends (gloo, mpi); threads groups come from make_thread_group");
 }
 
 }  // namespace lockstep::comm

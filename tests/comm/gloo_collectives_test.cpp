@@ -24,8 +24,8 @@ TEST_P(GlooGrid, MatchesTheClosedFormBitwiseOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Processes, GlooGrid,
                          ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                                            ::testing::Values("ring", "naive", "halving_doubling", "native", "auto",
-                                                              "others")),
+                                            ::testing::Values("ring", "naive", "halving_doubling", "native",
+                                                              "auto", "others")),
                          [](const auto& info) {
                            std::string name = std::get<1>(info.param);
                            name += "_";

@@ -40,10 +40,20 @@ struct KillCase {
 
 class GlooKill : public TempDirTest, public ::testing::WithParamInterface<KillCase> {
  protected:
-  std::vector<std::string> args(const std::string& scenario, const std::string& rendezvous_ms = "30000") const {
-    return {"--world-size", std::to_string(kWorld), "--rendezvous", "file:" + (dir_ / "rdv").string(), "--scenario",
-            scenario, "--dir", dir_.string(), "--timeout-ms",
-            std::to_string(std::chrono::milliseconds(kTimeout).count()), "--rendezvous-timeout-ms", rendezvous_ms};
+  std::vector<std::string> args(const std::string& scenario,
+                                const std::string& rendezvous_ms = "30000") const {
+    return {"--world-size",
+            std::to_string(kWorld),
+            "--rendezvous",
+            "file:" + (dir_ / "rdv").string(),
+            "--scenario",
+            scenario,
+            "--dir",
+            dir_.string(),
+            "--timeout-ms",
+            std::to_string(std::chrono::milliseconds(kTimeout).count()),
+            "--rendezvous-timeout-ms",
+            rendezvous_ms};
   }
 };
 
@@ -94,18 +104,21 @@ TEST_P(GlooKill, EverySurvivorExitsInTimeNamingTheDeadRank) {
     if (phase == Phase::Rendezvous) {
       EXPECT_NE(e.log.find(dead), std::string::npos) << "rank " << r << ":\n" << e.log;
     } else {
-      EXPECT_NE(e.log.find("connection to " + dead + " "), std::string::npos) << "rank " << r << ":\n" << e.log;
+      EXPECT_NE(e.log.find("connection to " + dead + " "), std::string::npos) << "rank " << r << ":\n"
+                                                                              << e.log;
       EXPECT_NE(e.log.find(", seq "), std::string::npos) << "rank " << r << ":\n" << e.log;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Processes, GlooKill,
-    ::testing::Values(KillCase{Phase::Before, 0}, KillCase{Phase::Before, 2}, KillCase{Phase::During, 0},
-                      KillCase{Phase::During, 2}, KillCase{Phase::After, 0}, KillCase{Phase::After, 2},
-                      KillCase{Phase::Rendezvous, 0}, KillCase{Phase::Rendezvous, 2}),
-    [](const auto& info) { return phase_name(info.param.phase) + "_rank" + std::to_string(info.param.victim); });
+INSTANTIATE_TEST_SUITE_P(Processes, GlooKill,
+                         ::testing::Values(KillCase{Phase::Before, 0}, KillCase{Phase::Before, 2},
+                                           KillCase{Phase::During, 0}, KillCase{Phase::During, 2},
+                                           KillCase{Phase::After, 0}, KillCase{Phase::After, 2},
+                                           KillCase{Phase::Rendezvous, 0}, KillCase{Phase::Rendezvous, 2}),
+                         [](const auto& info) {
+                           return phase_name(info.param.phase) + "_rank" + std::to_string(info.param.victim);
+                         });
 
 }  // namespace
 }  // namespace lockstep::testing

@@ -5,6 +5,7 @@
 // every rank and fails the test instead of hanging CTest.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -48,7 +48,8 @@ class GlooGroup {
   int spawn(int rank, const std::vector<std::string>& args) {
     std::vector<std::string> argv_s = {LOCKSTEP_GLOO_RANK, "--rank", std::to_string(rank)};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
-    return spawn_program(argv_s, "rank" + std::to_string(rank) + "_" + std::to_string(procs_.size()) + ".log");
+    return spawn_program(argv_s,
+                         "rank" + std::to_string(rank) + "_" + std::to_string(procs_.size()) + ".log");
   }
 
   // Starts any program (argv[0] a path); its output goes to DIR/<log_name>.

@@ -47,7 +47,8 @@ std::uint64_t digest(std::span<const float> v) {  // FNV-1a of the bytes
 }
 
 // Every rank holds the same bytes: rank 0's digests, broadcast once, against ours.
-void check_identical(Communicator& comm, std::vector<std::uint64_t> mine, const std::vector<std::string>& what) {
+void check_identical(Communicator& comm, std::vector<std::uint64_t> mine,
+                     const std::vector<std::string>& what) {
   std::vector<std::uint64_t> root = mine;
   broadcast(comm, std::as_writable_bytes(std::span<std::uint64_t>(root)), 0);
   for (std::size_t i = 0; i < mine.size(); ++i) {
@@ -55,7 +56,9 @@ void check_identical(Communicator& comm, std::vector<std::uint64_t> mine, const 
   }
 }
 
-float input(int r, std::size_t i) { return static_cast<float>((r + 1) * ((i % 7) + 1)); }
+float input(int r, std::size_t i) {
+  return static_cast<float>((r + 1) * ((i % 7) + 1));
+}
 
 float expected(ReduceOp op, int n, std::size_t i) {
   const float base = static_cast<float>((i % 7) + 1);
@@ -84,10 +87,11 @@ void checked_allreduce(Communicator& comm, std::size_t count, ReduceOp op, Algor
   std::vector<float> data(count);
   for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
   allreduce(comm, data, {.op = op, .algorithm = algorithm});
-  const std::string what = std::string("allreduce ") + to_string(algorithm) + " " + to_string(op) + " n=" +
-                           std::to_string(n) + " count=" + std::to_string(count);
+  const std::string what = std::string("allreduce ") + to_string(algorithm) + " " + to_string(op) +
+                           " n=" + std::to_string(n) + " count=" + std::to_string(count);
   for (std::size_t i = 0; i < count; ++i) {
-    check(data[i] == expected(op, n, i), what + " i=" + std::to_string(i) + ": got " + std::to_string(data[i]));
+    check(data[i] == expected(op, n, i),
+          what + " i=" + std::to_string(i) + ": got " + std::to_string(data[i]));
   }
   if (digests == nullptr) return check_identical(comm, {digest(data)}, {what});
   digests->values.push_back(digest(data));
@@ -99,11 +103,13 @@ void checked_allreduce(Communicator& comm, std::size_t count, ReduceOp op, Algor
 // N = 8 processes on two cores quick.
 void allreduce_grid(Communicator& comm, Algorithm algorithm) {
   const int n = comm.size();
-  const std::size_t counts[] = {0, 1, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), 1000, std::size_t{1} << 20};
+  const std::size_t counts[] = {
+      0, 1, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), 1000, std::size_t{1} << 20};
   Digests digests;
   for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min})
     for (std::size_t count : counts)
-      if (count < (std::size_t{1} << 20) || op == ReduceOp::Sum) checked_allreduce(comm, count, op, algorithm, &digests);
+      if (count < (std::size_t{1} << 20) || op == ReduceOp::Sum)
+        checked_allreduce(comm, count, op, algorithm, &digests);
   check_identical(comm, digests.values, digests.what);
 }
 
@@ -121,7 +127,8 @@ void other_collectives(Communicator& comm) {
           std::string("bytes sent by ") + to_string(algorithm));
   }
 
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), std::size_t{1000}}) {
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
+                            std::size_t(n + 1), std::size_t{1000}}) {
     for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
       std::vector<float> in(count);
       for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
@@ -130,8 +137,11 @@ void other_collectives(Communicator& comm) {
       reduce_scatter(comm, in, out, op);
       for (std::size_t i = b; i < e; ++i) {
         const float base = float(i % 5 + 1);
-        const float want = op == ReduceOp::Max ? base * n : op == ReduceOp::Sum ? base * n * (n + 1) / 2 : base * (n + 1) / 2.0f;
-        check(out[i - b] == want, "reduce_scatter count=" + std::to_string(count) + " i=" + std::to_string(i));
+        const float want = op == ReduceOp::Max   ? base * n
+                           : op == ReduceOp::Sum ? base * n * (n + 1) / 2
+                                                 : base * (n + 1) / 2.0f;
+        check(out[i - b] == want,
+              "reduce_scatter count=" + std::to_string(count) + " i=" + std::to_string(i));
       }
     }
   }
@@ -166,8 +176,8 @@ int run(std::map<std::string, std::string>& a) {
   o.world_size = std::stoi(a["--world-size"]);
   o.rendezvous = a["--rendezvous"];
   o.timeout = std::chrono::milliseconds(std::stoi(a.count("--timeout-ms") ? a["--timeout-ms"] : "10000"));
-  o.rendezvous_timeout =
-      std::chrono::milliseconds(std::stoi(a.count("--rendezvous-timeout-ms") ? a["--rendezvous-timeout-ms"] : "30000"));
+  o.rendezvous_timeout = std::chrono::milliseconds(
+      std::stoi(a.count("--rendezvous-timeout-ms") ? a["--rendezvous-timeout-ms"] : "30000"));
   if (a.count("--secret-file")) o.secret_file = a["--secret-file"];
   if (a.count("--job-id")) o.job_id = a["--job-id"];
   const std::string scenario = a["--scenario"], dir = a["--dir"];
@@ -176,7 +186,8 @@ int run(std::map<std::string, std::string>& a) {
   auto comm = connect(Backend::Gloo, o);
   if (scenario == "grid") {  // --algorithm A: the all-reduce grid of A; "others": the other collectives
     const std::string algorithm = a["--algorithm"];
-    algorithm == "others" ? other_collectives(*comm) : allreduce_grid(*comm, algorithm_from_string(algorithm));
+    algorithm == "others" ? other_collectives(*comm)
+                          : allreduce_grid(*comm, algorithm_from_string(algorithm));
   } else if (scenario == "allreduce") {
     checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
   } else if (scenario == "hold") {
@@ -196,11 +207,13 @@ int run(std::map<std::string, std::string>& a) {
       if (i == 0) mark(dir, "looping", o.rank);
     }
   } else if (scenario == "time") {  // by hand: median time per all-reduce size, on stderr
-    for (std::size_t count : {std::size_t{1}, std::size_t{1024}, std::size_t{1} << 18, std::size_t{1} << 20}) {
+    for (std::size_t count :
+         {std::size_t{1}, std::size_t{1024}, std::size_t{1} << 18, std::size_t{1} << 20}) {
       std::vector<float> data(count, 1.0f);
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iterations; ++i) allreduce(*comm, data, {.op = ReduceOp::Sum});
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       if (o.rank == 0) std::cerr << count * 4 << " bytes: " << us / iterations << " us\n";
     }
   } else {

@@ -16,12 +16,15 @@ using namespace std::chrono_literals;
 class GlooRendezvous : public TempDirTest {
  protected:
   std::vector<std::string> args(int world_size, const std::string& scenario = "allreduce") const {
-    return {"--world-size", std::to_string(world_size), "--rendezvous", "file:" + (dir_ / "rdv").string(),
-            "--scenario", scenario};
+    return {"--world-size", std::to_string(world_size),
+            "--rendezvous", "file:" + (dir_ / "rdv").string(),
+            "--scenario",   scenario};
   }
 };
 
-std::string contains_msg(const RankExit& e) { return "log:\n" + e.log; }
+std::string contains_msg(const RankExit& e) {
+  return "log:\n" + e.log;
+}
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -54,8 +57,8 @@ TEST_F(GlooRendezvous, RedisStoreWithARealServer) {
   }
   const int port = free_port();
   GlooGroup redis(dir_);
-  redis.spawn_program({server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                       "no", "--dir", dir_.string()},
+  redis.spawn_program({server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
+                       "--appendonly", "no", "--dir", dir_.string()},
                       "redis.log");
   const auto give_up = std::chrono::steady_clock::now() + 20s;
   while (!accepts_connections(port)) {
@@ -63,8 +66,8 @@ TEST_F(GlooRendezvous, RedisStoreWithARealServer) {
     std::this_thread::sleep_for(10ms);
   }
   GlooGroup group(dir_);
-  group.spawn_all(3, {"--world-size", "3", "--rendezvous", "redis://127.0.0.1:" + std::to_string(port), "--scenario",
-                      "allreduce", "--job-id", "redis-test-" + std::to_string(::getpid())});
+  group.spawn_all(3, {"--world-size", "3", "--rendezvous", "redis://127.0.0.1:" + std::to_string(port),
+                      "--scenario", "allreduce", "--job-id", "redis-test-" + std::to_string(::getpid())});
   const auto exits = group.wait_all(50s);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].log;
 }
@@ -87,7 +90,8 @@ TEST_F(GlooRendezvous, TwoMissingRanksAreBothListed) {
   a.insert(a.end(), {"--rendezvous-timeout-ms", "1000"});
   for (int r : {1, 2}) group.spawn(r, a);
   const auto exits = group.wait_all(30s);
-  for (const auto& e : exits) EXPECT_NE(e.log.find("ranks 0, 3 of 4 have not joined"), std::string::npos) << e.log;
+  for (const auto& e : exits)
+    EXPECT_NE(e.log.find("ranks 0, 3 of 4 have not joined"), std::string::npos) << e.log;
 }
 
 // Refused at once: the guard (20 s) is shorter than the rendezvous timeout (60 s).

@@ -29,8 +29,11 @@ class GlooSecret : public TempDirTest {
     return path;
   }
   std::vector<std::string> args(int world_size, const std::string& scenario = "allreduce") const {
-    return {"--world-size", std::to_string(world_size), "--rendezvous", "file:" + (dir_ / "rdv").string(),
-            "--scenario", scenario, "--dir", dir_.string(), "--timeout-ms", "5000"};
+    return {"--world-size", std::to_string(world_size),
+            "--rendezvous", "file:" + (dir_ / "rdv").string(),
+            "--scenario",   scenario,
+            "--dir",        dir_.string(),
+            "--timeout-ms", "5000"};
   }
 };
 
@@ -56,7 +59,8 @@ TEST_F(GlooSecret, ARankWithTheWrongSecretIsRefusedWithItsAddress) {
     const std::string& log = exits[r].log;
     EXPECT_TRUE(log.find("peer rank 2 at [127.0.0.1]:") != std::string::npos &&
                 log.find("failed to prove the job secret") != std::string::npos)
-        << "rank " << r << ":\n" << log;
+        << "rank " << r << ":\n"
+        << log;
   }
 }
 
@@ -89,7 +93,8 @@ std::set<int> tcp_ports_of(pid_t pid) {
     while (dirent* e = ::readdir(d)) {
       char target[256] = {};
       const std::string link = fd_dir + "/" + e->d_name;
-      if (::readlink(link.c_str(), target, sizeof(target) - 1) > 0 && std::string(target).rfind("socket:[", 0) == 0) {
+      if (::readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+          std::string(target).rfind("socket:[", 0) == 0) {
         inodes.insert(std::string(target).substr(8, std::string(target).size() - 9));
       }
     }

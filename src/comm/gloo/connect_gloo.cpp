@@ -1,11 +1,11 @@
 // connect_gloo: join, mesh, handshake, communicator (process_group.h).
 #include <arpa/inet.h>
+#include <gloo/common/error.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <gloo/common/error.h>
 
 #include "gloo_communicator.h"
 #include "handshake.h"
@@ -56,14 +56,16 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
                           std::to_string(o.world_size) + ") (give --rank R or RANK)");
   }
   if (o.rendezvous.empty()) {
-    throw InvalidArgument("gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
-                          "LOCKSTEP_RENDEZVOUS)");
+    throw InvalidArgument(
+        "gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
+        "LOCKSTEP_RENDEZVOUS)");
   }
   if (o.timeout.count() <= 0 || o.rendezvous_timeout.count() <= 0) {
     throw InvalidArgument("gloo: timeouts must be positive");
   }
   // Refuse a bad secret file before touching the network.
-  const std::string secret = o.secret_file.empty() ? std::string() : gloo_backend::read_secret_file(o.secret_file);
+  const std::string secret =
+      o.secret_file.empty() ? std::string() : gloo_backend::read_secret_file(o.secret_file);
 
   auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id);
   const auto deadline = Clock::now() + o.rendezvous_timeout;

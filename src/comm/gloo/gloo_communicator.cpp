@@ -17,8 +17,8 @@ namespace lockstep::comm::gloo_backend {
 // completes, so abort() can wake the thread that waits for it.
 class GlooWork final : public Work {
  public:
-  GlooWork(GlooCommunicator& comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send, int peer,
-           std::uint64_t tag)
+  GlooWork(GlooCommunicator& comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool is_send,
+           int peer, std::uint64_t tag)
       : comm_(comm), buf_(std::move(buf)), is_send_(is_send), peer_(peer), tag_(tag) {}
 
   // A transfer dropped before it completed leaves Gloo's pair expecting it:
@@ -71,7 +71,9 @@ std::string describe_tag(std::uint64_t tag) {
   return "collective seq " + std::to_string(tag >> 16) + ", round " + std::to_string(tag & 0xffff);
 }
 
-bool is_timeout(const std::string& what) { return what.find("Timed out waiting") != std::string::npos; }
+bool is_timeout(const std::string& what) {
+  return what.find("Timed out waiting") != std::string::npos;
+}
 
 }  // namespace
 
@@ -94,20 +96,22 @@ std::unique_ptr<Work> GlooCommunicator::irecv(int peer, std::uint64_t tag, std::
 std::unique_ptr<Work> GlooCommunicator::post(bool is_send, int peer, std::uint64_t tag, std::byte* data,
                                              std::size_t bytes) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + (is_send ? "send to" : "recv from") +
-                          " rank " + std::to_string(peer) + " in a group of " + std::to_string(size_));
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " +
+                          (is_send ? "send to" : "recv from") + " rank " + std::to_string(peer) +
+                          " in a group of " + std::to_string(size_));
   }
   {
     std::lock_guard lock(mu_);
-    if (!reason_.empty()) throw CommAborted("rank " + std::to_string(rank_) + ": communicator aborted: " + reason_);
+    if (!reason_.empty())
+      throw CommAborted("rank " + std::to_string(rank_) + ": communicator aborted: " + reason_);
   }
   // Gloo wants a pointer even for 0 bytes (it never touches it then).
   auto buf = mesh_->createUnboundBuffer(bytes ? data : &empty_, bytes);
   try {
     is_send ? buf->send(peer, tag) : buf->recv(peer, tag);
   } catch (const std::exception& e) {  // the pair already failed
-    transport_failed(std::string(is_send ? "send to" : "recv from") + " rank " + std::to_string(peer), peer, tag,
-                     e.what(), timeout());
+    transport_failed(std::string(is_send ? "send to" : "recv from") + " rank " + std::to_string(peer), peer,
+                     tag, e.what(), timeout());
   }
   // Registered after it was posted: an abort() in between closes the pairs,
   // which fails this transfer's wait just the same.
@@ -134,13 +138,14 @@ void GlooCommunicator::throw_aborted() const {
   throw CommAborted("rank " + std::to_string(rank_) + ": communicator aborted: " + reason_);
 }
 
-void GlooCommunicator::transport_failed(const std::string& op, int peer, std::uint64_t tag, const std::string& what,
-                                        Duration timeout) {
+void GlooCommunicator::transport_failed(const std::string& op, int peer, std::uint64_t tag,
+                                        const std::string& what, Duration timeout) {
   if (!abort_reason().empty()) throw_aborted();
   const std::string me = "rank " + std::to_string(rank_);
   const std::string where = " (" + describe_tag(tag) + ")";
   if (is_timeout(what)) {
-    const std::string msg = me + ": " + op + " timed out after " + std::to_string(timeout.count()) + " ms" + where;
+    const std::string msg =
+        me + ": " + op + " timed out after " + std::to_string(timeout.count()) + " ms" + where;
     abort_group(msg);
     throw TimeoutError(msg);
   }
@@ -156,10 +161,10 @@ void GlooCommunicator::transport_failed(const std::string& op, int peer, std::ui
   }
   int culprit = mesh_->peer_named_in(what);
   if (culprit < 0) culprit = peer;
-  const std::string who = culprit >= 0 ? "rank " + std::to_string(culprit) + " (" + mesh_->peer_address(culprit) + ")"
-                                       : "a peer";
-  const std::string msg = me + ": " + op + " failed" + where + ": lost the connection to " + who + ", which died or " +
-                          "closed it [" + strip_location(what) + "]";
+  const std::string who =
+      culprit >= 0 ? "rank " + std::to_string(culprit) + " (" + mesh_->peer_address(culprit) + ")" : "a peer";
+  const std::string msg = me + ": " + op + " failed" + where + ": lost the connection to " + who +
+                          ", which died or " + "closed it [" + strip_location(what) + "]";
   abort_group(msg);
   throw CommAborted(msg);
 }
@@ -175,7 +180,9 @@ void GlooCommunicator::abort_group(const std::string& reason) {
   mesh_->close_all();
 }
 
-void GlooCommunicator::abort(const std::string& reason) { abort_group(reason.empty() ? "aborted" : reason); }
+void GlooCommunicator::abort(const std::string& reason) {
+  abort_group(reason.empty() ? "aborted" : reason);
+}
 
 std::string GlooCommunicator::abort_reason() const {
   std::lock_guard lock(mu_);

@@ -51,8 +51,8 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   NativeAllreduce* native_allreduce() override { return this; }
 
   // For GlooWork: a wait that failed with Gloo's message `what`. Throws.
-  [[noreturn]] void transport_failed(const std::string& op, int peer, std::uint64_t tag, const std::string& what,
-                                     Duration timeout);
+  [[noreturn]] void transport_failed(const std::string& op, int peer, std::uint64_t tag,
+                                     const std::string& what, Duration timeout);
   [[noreturn]] void throw_aborted() const;
   void forget(GlooWork* work);
 
@@ -67,9 +67,9 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   std::unique_ptr<RendezvousStore> store_;
   std::shared_ptr<Mesh> mesh_;
   mutable std::mutex mu_;
-  std::string reason_;          // guarded by mu_; non-empty once aborted
-  std::set<GlooWork*> works_;   // guarded by mu_; transfers not yet complete
-  std::byte empty_{};  // the buffer of 0-byte transfers
+  std::string reason_;         // guarded by mu_; non-empty once aborted
+  std::set<GlooWork*> works_;  // guarded by mu_; transfers not yet complete
+  std::byte empty_{};          // the buffer of 0-byte transfers
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<std::uint64_t> messages_sent_{0};

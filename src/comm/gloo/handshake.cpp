@@ -1,6 +1,8 @@
 // The job handshake (handshake.h) over Gloo unbound buffers, and the secret file.
 #include "handshake.h"
 
+#include <gloo/common/error.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -10,8 +12,6 @@
 #include <array>
 #include <cstring>
 #include <fstream>
-#include <gloo/common/error.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <iterator>
 #include <sstream>
 
@@ -42,8 +42,8 @@ Bytes32 mac(const std::string& secret, const std::string& job_id, int prover, in
   unsigned int len = 0;
   static const unsigned char kEmpty = 0;
   const void* key = secret.empty() ? static_cast<const void*>(&kEmpty) : secret.data();
-  if (HMAC(EVP_sha256(), key, static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
-           msg.size(), out.data(), &len) == nullptr ||
+  if (HMAC(EVP_sha256(), key, static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len) == nullptr ||
       len != out.size()) {
     throw Error("HMAC-SHA256 failed (OpenSSL)");
   }
@@ -75,8 +75,8 @@ void exchange(Mesh& mesh, std::uint64_t slot, std::vector<Bytes32>& ours, std::v
         throw TimeoutError("rank " + std::to_string(r) + ": " + peer + " did not send its handshake " + what +
                            " within " + std::to_string(timeout.count()) + " ms; refused");
       }
-      throw CommAborted("rank " + std::to_string(r) + ": connection to " + peer + " failed during the handshake (" +
-                        what + "): " + why);
+      throw CommAborted("rank " + std::to_string(r) + ": connection to " + peer +
+                        " failed during the handshake (" + what + "): " + why);
     }
   }
 }
@@ -84,7 +84,7 @@ void exchange(Mesh& mesh, std::uint64_t slot, std::vector<Bytes32>& ours, std::v
 }  // namespace
 
 std::string read_secret_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     throw InvalidArgument("secret file " + path + ": " + std::strerror(errno));
   }
@@ -122,8 +122,9 @@ void authenticate_peers(Mesh& mesh, const std::string& secret, const std::string
     if (i == r) continue;
     const Bytes32 want = mac(secret, job_id, i, r, my_nonce[i], peer_nonce[i]);
     if (CRYPTO_memcmp(want.data(), peer_mac[i].data(), want.size()) != 0) {
-      throw Error("rank " + std::to_string(r) + ": peer rank " + std::to_string(i) + " at " + mesh.peer_address(i) +
-                  " failed to prove the job secret" + (secret.empty() ? " (this rank has none)" : "") +
+      throw Error("rank " + std::to_string(r) + ": peer rank " + std::to_string(i) + " at " +
+                  mesh.peer_address(i) + " failed to prove the job secret" +
+                  (secret.empty() ? " (this rank has none)" : "") +
                   "; refused. Every rank must use the same --secret-file and job id");
     }
   }

@@ -134,10 +134,10 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
     if (missing.empty()) return;
     throw_if_aborted(store, rank);
     if (Clock::now() >= deadline) {
-      throw TimeoutError(where + ": " + me + " timed out after " + std::to_string(timeout.count()) + " ms waiting for the group: rank" +
-                         (missing.size() > 1 ? "s " : " ") + rank_list(missing) + " of " +
-                         std::to_string(world_size) + (missing.size() > 1 ? " have" : " has") +
-                         " not joined");
+      throw TimeoutError(where + ": " + me + " timed out after " + std::to_string(timeout.count()) +
+                         " ms waiting for the group: rank" + (missing.size() > 1 ? "s " : " ") +
+                         rank_list(missing) + " of " + std::to_string(world_size) +
+                         (missing.size() > 1 ? " have" : " has") + " not joined");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

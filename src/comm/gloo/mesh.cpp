@@ -5,17 +5,17 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <gloo/common/error.h>
-#include <gloo/common/logging.h>
-#include <gloo/transport/tcp/address.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <thread>
 
 #include "lockstep/error.h"
@@ -73,7 +73,8 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
 // The remote end of this process's socket whose local end is `mine` or whose
 // remote end is `theirs`; the listening side of a pair accepted on its
 // published address, the connecting side connected to the peer's.
-std::optional<sockaddr_storage> find_connected_peer(const sockaddr_storage& mine, const sockaddr_storage& theirs) {
+std::optional<sockaddr_storage> find_connected_peer(const sockaddr_storage& mine,
+                                                    const sockaddr_storage& theirs) {
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return std::nullopt;
   std::optional<sockaddr_storage> found;
@@ -142,8 +143,9 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     if (Clock::now() >= deadline) {
       std::string list;
       for (int m : missing) list += (list.empty() ? "" : ", ") + std::to_string(m);
-      throw TimeoutError("rendezvous " + store.address() + ": " + me + " timed out waiting for the addresses of rank" +
-                         (missing.size() > 1 ? "s " : " ") + list + ", which joined but did not publish them");
+      throw TimeoutError("rendezvous " + store.address() + ": " + me +
+                         " timed out waiting for the addresses of rank" + (missing.size() > 1 ? "s " : " ") +
+                         list + ", which joined but did not publish them");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -169,7 +171,8 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
 
 int Mesh::peer_named_in(const std::string& what) const {
   for (int i = 0; i < size; ++i) {
-    if (i != rank && !peer_addresses_[i].empty() && what.find(peer_addresses_[i]) != std::string::npos) return i;
+    if (i != rank && !peer_addresses_[i].empty() && what.find(peer_addresses_[i]) != std::string::npos)
+      return i;
   }
   return -1;
 }

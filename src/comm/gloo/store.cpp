@@ -3,14 +3,14 @@
 // seconds, so the join protocol polls with try_get against its own deadline).
 #include "store.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/redis_store.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "lockstep/error.h"
 
@@ -31,7 +31,8 @@ class ProbingRedisStore final : public gloo::rendezvous::RedisStore {
 };
 
 bool has(gloo::rendezvous::Store& store, bool redis, const std::string& key) {
-  return redis ? static_cast<ProbingRedisStore&>(store).has(key) : static_cast<ProbingFileStore&>(store).has(key);
+  return redis ? static_cast<ProbingRedisStore&>(store).has(key)
+               : static_cast<ProbingFileStore&>(store).has(key);
 }
 
 void make_dirs(const std::string& dir) {

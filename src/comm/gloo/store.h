@@ -49,7 +49,7 @@ class RendezvousStore {
   bool redis_ = false;
   std::string host_;
   int port_ = 0;
-  std::mutex mu_;                                  // guards store_ (one redis connection)
+  std::mutex mu_;                                   // guards store_ (one redis connection)
   std::unique_ptr<gloo::rendezvous::Store> store_;  // FileStore or RedisStore
 };
 
