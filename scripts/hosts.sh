@@ -14,8 +14,8 @@
 # Options:
 #   --hosts K          number of hosts (default 2, at most 250)
 #   --rate RATE        each host's link rate in tc units (100mbit, 1gbit); default unshaped
-#   --burst BYTES      tbf bucket (default: 2 ms at the rate, at least 32 KiB)
-#   --queue BYTES      tbf queue limit (default: 8 ms at the rate, at least 128 KiB)
+#   --burst BYTES      tbf bucket (default: 10 ms at the rate, at least 32 KiB)
+#   --queue BYTES      tbf queue limit (default: 10 ms at the rate, at least 128 KiB)
 #   --subnet A.B.C     host I gets A.B.C.(I+1)/24 (default 10.77.0)
 #   --on LIST          run COMMAND only on these hosts, e.g. 0 or 0,2 (default all)
 #   --timeout SECONDS  wall-clock guard for the whole run (default 600); exit 124 when it fires
@@ -32,10 +32,14 @@
 # host's ingress), so every host has a full-duplex link of RATE each way. tbf
 # counts Ethernet frames without preamble and gap, so TCP's goodput ceiling
 # over MTU 1500 is 1448/1514 = 95.6% of RATE. The bucket must hold what the
-# link sends while the shaper waits to be woken: below ~1.5 ms at 1 Gbit/s the
-# measured rate falls to 55-85% on this machine (docs/results.md); 2 ms gives
-# the rate. The queue (tbf limit) must hold at least one bucket; 8 ms lets two
-# senders share one receiver's link at its full rate (2 ms loses 10-15%).
+# link sends while the shaper waits to be woken (its timer runs in softirq, so
+# under CPU load in ksoftirqd, behind every runnable process): at 1 Gbit/s a
+# 64 KiB bucket gives 55% of the rate even on an idle machine, 2 ms gives it
+# there but loses 15-30% once the cores are busy (8 ranks on 2 cores), 10 ms
+# keeps it (docs/results.md). A full bucket lets a link send 10 ms of data at
+# once after an idle spell; the long-run rate stays RATE. The queue (tbf
+# limit) holds at least one bucket; 8-10 ms lets two senders share one
+# receiver's link at its full rate (2 ms loses 10-15%).
 #
 # COMMAND runs through `ip netns exec` and `unshare --uts` with this environment:
 #   HOST=I  HOSTS=K  HOST_ADDR=A.B.C.(I+1)  HOST_ADDRS=comma list of all
@@ -165,7 +169,7 @@ for i in "${run_on[@]}"; do
   [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -lt "$hosts" ] || die "--on $on: host $i is not in 0..$((hosts - 1))"
 done
 
-# Bucket: 2 ms at the rate, at least 32 KiB; queue: 8 ms, at least 128 KiB.
+# Bucket and queue: 10 ms at the rate, at least 32 and 128 KiB.
 if [ -n "$rate" ]; then
   bits=$(python3 - "$rate" <<'EOF'
 import re, sys
@@ -175,8 +179,8 @@ v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group
 print(int(v * (8 if m.group(3) == "bps" else 1)))
 EOF
   ) || die "--rate $rate: want a number with kbit, mbit, gbit (or bps)"
-  if [ -z "$burst" ]; then burst=$((bits / 8 / 500)); [ "$burst" -ge 32768 ] || burst=32768; fi
-  if [ -z "$queue" ]; then queue=$((bits / 8 / 125)); [ "$queue" -ge 131072 ] || queue=131072; fi
+  if [ -z "$burst" ]; then burst=$((bits / 8 / 100)); [ "$burst" -ge 32768 ] || burst=32768; fi
+  if [ -z "$queue" ]; then queue=$((bits / 8 / 100)); [ "$queue" -ge 131072 ] || queue=131072; fi
 fi
 
 run="$kTag-$$-"

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Training across test hosts against `lockstep plan`'s prediction for that
+# topology (issue 7's third bar). `lockstep train --backend gloo` runs as
+# HOSTS x PER_HOST ranks in test hosts on shaped links (scripts/hosts.sh),
+# meeting at a redis-server in host 0; rank 0's report (--report) gives the
+# measured step time, and `lockstep plan --nodes HOSTS --per-node PER_HOST`
+# with the same link and all-reduce predicts it twice: from its own device
+# model, and with the compute time the run measured (--compute-ms), which
+# isolates the communication model. Run by hand as root, never in CI.
+#
+#   bench/hosts_train.sh [--hosts 4] [--per-host 2] [--rate 1gbit] [--steps 300] [--algorithm ring]
+#                        [--out DIR] [--no-build] [-- EXTRA TRAIN FLAGS]
+# --algorithm (ring, halving_doubling or tree) goes to both train and plan.
+# Uses $LOCKSTEP_BUILD_DIR (default build/).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${LOCKSTEP_BUILD_DIR:-$root/build}"
+lockstep="$build/cli/lockstep"
+redis_port=6379
+
+# --- inside a test host ------------------------------------------------------
+if [ "${1:-}" = "__host" ]; then
+  per_host=$2 steps=$3 out=$4
+  shift 4
+  world=$((HOSTS * per_host))
+  rendezvous_host=${HOST_ADDRS%%,*}
+  if [ "$HOST" = 0 ]; then
+    redis-server --bind "$HOST_ADDR" --port $redis_port --save "" --appendonly no --protected-mode no \
+      > "$out/redis.log" 2>&1 &
+  fi
+  for ((i = 0; i < 300; i++)); do  # up to 30 s for redis
+    [ "$(redis-cli -h "$rendezvous_host" -p $redis_port ping 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+  done
+  pids=()
+  for ((l = 0; l < per_host; l++)); do
+    rank=$((HOST * per_host + l))
+    RANK=$rank WORLD_SIZE=$world LOCAL_WORLD_SIZE=$per_host \
+      LOCKSTEP_RENDEZVOUS="redis://$rendezvous_host:$redis_port" LOCKSTEP_SECRET_FILE="$out/secret" \
+      "$lockstep" train --backend gloo --steps "$steps" --quiet --report "$out/report.rank$rank.json" "$@" \
+      > "$out/rank$rank.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  exit $rc
+fi
+
+# --- the driver ----------------------------------------------------------------
+hosts=4 per_host=2 rate=1gbit steps=300 algorithm=ring out="" build_first=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) hosts=$2; shift 2 ;;
+    --per-host) per_host=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --algorithm) algorithm=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-build) build_first=0; shift ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "hosts_train: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || out="$build/hosts_train"
+"$root/scripts/hosts.sh" check
+"$root/scripts/hosts.sh" cleanup
+[ $build_first -eq 0 ] || LOCKSTEP_BUILD_DIR="$build" LOCKSTEP_TARGETS=lockstep "$root/scripts/build.sh" > /dev/null
+rm -rf "$out"
+mkdir -p "$out"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/secret")
+
+if ! "$root/scripts/hosts.sh" --hosts "$hosts" --rate "$rate" --timeout 900 -- \
+     "$0" __host "$per_host" "$steps" "$out" --algorithm "$algorithm" "$@" > "$out/hosts.log" 2>&1; then
+  echo "hosts_train: the run failed; see $out" >&2
+  exit 1
+fi
+
+link=$(python3 -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1].lower()); \
+print(m.group(1) + {'': '', 'k': 'K', 'm': 'M', 'g': 'G'}[m.group(2)] + 'bit')" "$rate")
+read -r step compute comm exposed <<<"$(python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))['timing']
+print(t['step_ms'], t['compute_ms'], t['comm_ms'], t['exposed_comm_ms'])
+" "$out/report.rank0.json")"
+plan_args=(--nodes "$hosts" --per-node "$per_host" --replicas $((hosts * per_host)) --link-bandwidth "$link"
+           --algorithm "$algorithm")
+predicted() { "$lockstep" plan "${plan_args[@]}" "$@" --json | python3 -c "
+import json, sys
+p = json.load(sys.stdin)
+dp = [a for a in p['alternatives'] if a['name'] == 'data parallel'][0]
+print(f\"{dp['step_ms']:.2f}\")"; }
+own=$(predicted)
+with_compute=$(predicted --compute-ms "$compute")
+echo "lockstep train --backend gloo: $hosts hosts x $per_host ranks, links $rate (tbf), $steps steps, algorithm $algorithm"
+printf '%-48s %10s\n' "" step_ms
+printf '%-48s %10.2f   (compute %.2f, comm %.2f, exposed %.2f)\n' "measured (rank 0's report, median step)" \
+  "$step" "$compute" "$comm" "$exposed"
+printf '%-48s %10.2f   (ratio measured/predicted %.2f)\n' "plan, its own compute model" "$own" \
+  "$(python3 -c "print($step / $own)")"
+printf '%-48s %10.2f   (ratio measured/predicted %.2f)\n' "plan, with the measured compute (--compute-ms)" \
+  "$with_compute" "$(python3 -c "print($step / $with_compute)")"
+echo "plan: lockstep plan ${plan_args[*]} [--compute-ms $compute]"
