@@ -86,6 +86,9 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
     if (dynamic_cast<const Error*>(&e) != nullptr) throw;
     throw CommAborted("rank " + std::to_string(o.rank) + ": job handshake failed: " + msg);
   }
+  // Every peer has completed its handshake with this rank, so it has read
+  // this rank's keys: remove them (a later job with the same id starts clean).
+  gloo_backend::leave(*store, o.rank);
   auto comm = std::make_unique<gloo_backend::GlooCommunicator>(std::move(store), std::move(mesh));
   comm->set_timeout(o.timeout);
   return comm;

@@ -80,6 +80,12 @@ void throw_if_aborted(RendezvousStore& store, int rank) {
   throw CommAborted(prefix + "the group was aborted during rendezvous: " + *reason);
 }
 
+void leave(RendezvousStore& store, int rank) {
+  store.remove("rank/" + std::to_string(rank));
+  store.remove("addr/" + std::to_string(rank));
+  if (rank == 0) store.remove("world_size");
+}
+
 void join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
           Clock::time_point deadline) {
   const std::string where = "rendezvous " + store.address();

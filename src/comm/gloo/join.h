@@ -35,6 +35,12 @@ void publish_abort(RendezvousStore& store, const std::string& reason) noexcept;
 // The group's abort reason, if a rank recorded one. Never throws.
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept;
 
+// Once every rank has connected to every other (so all have read them),
+// removes this rank's join keys, so that a later job with the same id and
+// store starts clean. A failed job leaves its keys (the abort reason among
+// them): the next one needs a fresh rendezvous directory or job id.
+void leave(RendezvousStore& store, int rank);
+
 // Throws the rendezvous refusal recorded in the store, if any (InvalidArgument
 // for a refusal during the join, CommAborted for any other abort).
 void throw_if_aborted(RendezvousStore& store, int rank);

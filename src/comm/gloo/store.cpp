@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/redis_store.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -22,12 +23,16 @@ class ProbingFileStore final : public gloo::rendezvous::FileStore {
  public:
   using FileStore::FileStore;
   bool has(const std::string& key) { return check({key}); }
+  void remove(const std::string& key) { ::unlink(objectPath(key).c_str()); }
 };
 
 class ProbingRedisStore final : public gloo::rendezvous::RedisStore {
  public:
   using RedisStore::RedisStore;
   bool has(const std::string& key) { return check({key}); }
+  void remove(const std::string& key) {
+    if (void* reply = redisCommand(redis_, "DEL %b", key.c_str(), key.size())) freeReplyObject(reply);
+  }
 };
 
 bool has(gloo::rendezvous::Store& store, bool redis, const std::string& key) {
@@ -104,6 +109,15 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
   } catch (const gloo::Exception& e) {
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
+  }
+}
+
+void RendezvousStore::remove(const std::string& k) noexcept {
+  std::lock_guard lock(mu_);
+  try {
+    redis_ ? static_cast<ProbingRedisStore&>(*store_).remove(key(k))
+           : static_cast<ProbingFileStore&>(*store_).remove(key(k));
+  } catch (...) {  // best effort: a key left behind only matters to a later job with the same id
   }
 }
 

@@ -34,6 +34,8 @@ class RendezvousStore {
   bool set_if_absent(const std::string& key, const std::string& value);
   // The value of `key`, or nullopt if it is not set. Never blocks.
   std::optional<std::string> try_get(const std::string& key);
+  // Deletes `key` (Gloo's stores have no delete: the file, or a redis DEL). Never throws.
+  void remove(const std::string& key) noexcept;
 
   bool is_redis() const { return redis_; }
   // For a redis store: its host and port (to find the interface that routes to it).
