@@ -11,7 +11,7 @@
 # secret to each other. Run by hand as root, never in CI.
 #
 #   bench/hosts_allreduce.sh [--hosts 4] [--per-host 2] [--rate 1gbit] [--size 64M] [--runs 3]
-#                            [--repeats N] [--out DIR]
+#                            [--repeats N] [--out DIR] [--no-build]
 # --rate none leaves the links unshaped: what the machine's cores allow.
 #
 # Each run starts fresh hosts for each implementation, in the order ring,
@@ -69,7 +69,7 @@ if [ "${1:-}" = "__host" ]; then
 fi
 
 # --- the driver -------------------------------------------------------------
-hosts=4 per_host=2 rate=1gbit size=64M runs=3 repeats="" out=""
+hosts=4 per_host=2 rate=1gbit size=64M runs=3 repeats="" out="" build_first=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -79,6 +79,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --no-build) build_first=0; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "hosts_allreduce: unknown option $1" >&2; exit 2 ;;
   esac
@@ -86,7 +87,7 @@ done
 [ -n "$out" ] || out="$build/hosts_allreduce"
 "$root/scripts/hosts.sh" check
 "$root/scripts/hosts.sh" cleanup
-LOCKSTEP_BUILD_DIR="$build" LOCKSTEP_TARGETS=lockstep "$root/scripts/build.sh" > /dev/null
+[ $build_first -eq 0 ] || LOCKSTEP_BUILD_DIR="$build" LOCKSTEP_TARGETS=lockstep "$root/scripts/build.sh" > /dev/null
 if [ ! -x "$mpi_peer" ] || [ "$root/bench/peers/mpi_allreduce.cpp" -nt "$mpi_peer" ]; then
   mkdir -p "$(dirname "$mpi_peer")"
   mpicxx -O2 -std=c++17 "$root/bench/peers/mpi_allreduce.cpp" -o "$mpi_peer"
