@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -68,6 +69,9 @@ class CliRun {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    // Its working directory is `dir`: a file written under a wrong (relative)
+    // name lands there, where the tests see it, not wherever the test ran.
+    posix_spawn_file_actions_addchdir_np(&fa, dir.c_str());
     EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&fa);
   }
@@ -166,6 +170,12 @@ bool all_gone(const std::vector<pid_t>& pids, std::chrono::seconds guard) {
   }
 }
 
+std::set<std::string> entries(const fs::path& dir) {  // the names in a directory
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
 std::vector<std::string> train_args(const fs::path& data, const std::vector<std::string>& more) {
   std::vector<std::string> a = {"train", "--data",   data.string(), "--micro-batch",
                                 "4",     "--hidden", "8",           "--quiet"};
@@ -192,7 +202,8 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
     threads_args.insert(threads_args.end(),
                         {"--replicas", std::to_string(n), "--save", (dir / "threads.safetensors").string(),
                          "--report", (dir / "threads.json").string()});
-    CliRun threads(run_dir("same_threads" + std::to_string(n)), threads_args);
+    const auto threads_dir = run_dir("same_threads" + std::to_string(n));
+    CliRun threads(threads_dir, threads_args);
     ASSERT_EQ(threads.wait(), 0) << threads.err();
 
     auto launched_args = train_args(data, common);
@@ -200,6 +211,11 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
                                                (dir / "gloo.json").string()});
     CliRun launched(dir, launch_args(n, launched_args));
     ASSERT_EQ(launched.wait(), 0) << launched.err();
+    // --save and --report went exactly where they were told, and nowhere else
+    // (stray files with garbage names once appeared in the working directory).
+    EXPECT_EQ(entries(threads_dir), (std::set<std::string>{"err.txt", "out.txt"}));
+    EXPECT_EQ(entries(dir), (std::set<std::string>{"err.txt", "gloo.json", "gloo.safetensors", "out.txt",
+                                                   "threads.json", "threads.safetensors"}));
 
     const std::string a = read_file(dir / "threads.safetensors"), b = read_file(dir / "gloo.safetensors");
     ASSERT_GT(a.size(), 600u);
