@@ -5,7 +5,10 @@
 //
 //   1. publish: rank r puts its buffer pointer and count in the hub;  barrier.
 //   2. reduce-scatter + all-gather in one pass: rank r reads chunk r of all N
-//      buffers (in rank order 0..N-1, so the sum is the same on every run),
+//      buffers, reduces them in the balanced binary tree over rank index
+//      (Note [Tree order] in tree_allreduce.cpp: ((v0+v1)+(v2+v3))+..., so the
+//      sum is the same on every run and, for a power-of-two N, the same bits as
+//      the tree all-reduce and as one rank tree-summing the same inputs),
 //      applies op (and 1/N for Mean), and writes the result into chunk r of
 //      all N buffers;  barrier.
 //
@@ -19,6 +22,7 @@
 // buffers: 2P(N-1)/N. Every rank ends with the same bytes: each chunk is
 // computed once, by its owner, and copied.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -29,6 +33,36 @@
 namespace lockstep::comm::detail {
 
 namespace {
+
+constexpr int kMaxRanks = 1024;  // the trainer's limit; make_thread_group refuses more
+
+std::size_t tree_levels(int n) {
+  std::size_t levels = 1;
+  while ((1 << levels) < n) ++levels;
+  return levels;
+}
+
+// out[0..len) = op over inputs[lo..hi) in the balanced tree over their index
+// (halves split at the largest power of two below the count, so a
+// power-of-two count gives the perfectly balanced tree). `tmp` holds one
+// scratch block per tree level below this one.
+void tree_reduce(const float* const* inputs, int lo, int hi, float* out, float* tmp, std::size_t len,
+                 ReduceOp op) {
+  if (hi - lo == 1) {
+    std::memcpy(out, inputs[lo], len * sizeof(float));
+    return;
+  }
+  int half = 1;
+  while (half * 2 < hi - lo) half *= 2;
+  if (half == 1 && hi - lo == 2) {  // a leaf pair: no copy
+    std::memcpy(out, inputs[lo], len * sizeof(float));
+    reduce_into({out, len}, {inputs[lo + 1], len}, op);
+    return;
+  }
+  tree_reduce(inputs, lo, lo + half, out, tmp + len, len, op);
+  tree_reduce(inputs, lo + half, hi, tmp, tmp + len, len, op);
+  reduce_into({out, len}, {tmp, len}, op);
+}
 
 // Note [Small all-reduces in one barrier]: below kStagedMaxBytes each rank
 // copies its input into a staging buffer of the hub, waits once, and then sums
@@ -45,9 +79,13 @@ void staged_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerpri
   std::vector<float>& mine = staging[rank];
   mine.assign(data.begin(), data.end());
   publish_and_check(hub, rank, fp, verify, timeout);
-  std::copy(staging[0].begin(), staging[0].end(), data.begin());
-  for (int j = 1; j < hub.size(); ++j) reduce_into(data, staging[j], fp.op);
-  finish(data, fp.op, hub.size());
+  const int n = hub.size();
+  std::array<const float*, kMaxRanks> inputs;
+  for (int j = 0; j < n; ++j) inputs[j] = staging[j].data();
+  std::vector<float>& tmp = hub.tree_scratch[rank];  // one block per tree level
+  if (tmp.size() < data.size() * tree_levels(n)) tmp.resize(data.size() * tree_levels(n));
+  tree_reduce(inputs.data(), 0, n, data.data(), tmp.data(), data.size(), fp.op);
+  finish(data, fp.op, n);
 }
 
 }  // namespace
@@ -66,11 +104,14 @@ void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fi
   // `lockstep bench allreduce` at N = 8: 4 KiB blocks reach 0.67 of memcpy
   // bandwidth at 64 MiB, 32 KiB blocks 0.9 (docs/results.md).
   constexpr std::size_t kBlock = 8192;
-  alignas(64) float acc[kBlock];
+  std::vector<float>& scratch = hub.tree_scratch[rank];  // acc, then one block per tree level
+  if (scratch.size() < kBlock * (tree_levels(n) + 1)) scratch.resize(kBlock * (tree_levels(n) + 1));
+  float* acc = scratch.data();
+  std::array<const float*, kMaxRanks> inputs;
   for (std::size_t b = begin; b < end; b += kBlock) {
     const std::size_t len = std::min(kBlock, end - b);
-    std::memcpy(acc, hub.slots[0] + b, len * sizeof(float));
-    for (int j = 1; j < n; ++j) reduce_into({acc, len}, {hub.slots[j] + b, len}, op);
+    for (int j = 0; j < n; ++j) inputs[j] = hub.slots[j] + b;
+    tree_reduce(inputs.data(), 0, n, acc, acc + kBlock, len, op);
     finish({acc, len}, op, n);
     for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
   }

@@ -198,8 +198,8 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_thread_group(const ThreadGroupOptions& options) {
-  if (options.world_size < 1) {
-    throw InvalidArgument("a thread group needs at least 1 rank, got " + std::to_string(options.world_size));
+  if (options.world_size < 1 || options.world_size > 1024) {
+    throw InvalidArgument("a thread group needs 1 to 1024 ranks, got " + std::to_string(options.world_size));
   }
   auto hub = std::make_shared<Hub>(options.world_size);
   std::vector<std::unique_ptr<Communicator>> comms;

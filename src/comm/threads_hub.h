@@ -35,6 +35,7 @@ struct Hub {
         parked_recvs(n),
         slots(n),
         staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)},
+        tree_scratch(n),
         fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
   int size() const { return static_cast<int>(cv.size()); }
   std::mutex mu;
@@ -58,6 +59,9 @@ struct Hub {
   std::vector<float*> slots;
   // Staged copies of small inputs, by sequence parity (shared_memory_allreduce.cpp).
   std::vector<std::vector<float>> staging[2];
+  // Per rank, written only by that rank: partial sums of the tree-ordered
+  // shared-memory all-reduce.
+  std::vector<std::vector<float>> tree_scratch;
   // Fingerprints by sequence parity: a rank can start call s+2 only after
   // every rank has passed a barrier of call s+1, so by then nobody still
   // reads the board of call s.

@@ -119,17 +119,20 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
 
   std::vector<std::size_t> numels;
   for (const auto& t : model->layout().tensors()) numels.push_back(t.numel);
+  // Overlap auto: off only for the in-process shared-memory path, whose
+  // "communication" is memory work by the cores that compute.
+  const bool shared_memory = comm.native_allreduce() != nullptr && comm.native_allreduce()->shares_memory();
   ddp::Reducer reducer(comm, grads, numels,
                        {.first_bucket_mb = c.first_bucket_mb,
                         .bucket_mb = c.bucket_mb,
                         .algorithm = c.algorithm,
                         .compression = c.compression,
                         .overlap = c.overlap == Overlap::On ||
-                                   (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr)});
+                                   (c.overlap == Overlap::Auto && !shared_memory)});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   out.buckets = reducer.buckets();
   out.overlapped =
-      c.overlap == Overlap::On || (c.overlap == Overlap::Auto && comm.native_allreduce() == nullptr);
+      c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory);
   std::vector<std::string> layer_names;
   for (std::size_t i = 0; i < model->layer_count(); ++i) {
     layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
@@ -246,11 +249,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       mark_nonfinite_sentinel(total, nonfinite);
       const auto t_comm = Clock::now();
       const auto sent = comm.stats().bytes_sent;
-      comm::allreduce(comm, total, {.op = comm::ReduceOp::Sum, .algorithm = comm::Algorithm::Tree});
+      // Both sum in the one tree over ranks; in one process, shared memory moves the least memory.
+      comm::NativeAllreduce* native = comm.native_allreduce();
+      const auto tree = native != nullptr && native->shares_memory() ? comm::Algorithm::SharedMemory
+                                                                     : comm::Algorithm::Tree;
+      comm::allreduce(comm, total, {.op = comm::ReduceOp::Sum, .algorithm = tree});
       t_wait_end = Clock::now();
       out.traffic.gradients += comm.stats().bytes_sent - sent;
       sample.comm = ms_between(t_comm, t_wait_end);
-      recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce (tree)", t_comm, t_wait_end,
+      recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce (tree order)", t_comm, t_wait_end,
                    comm.stats().bytes_sent - sent);
       const float global = static_cast<float>(shard.global_count);
       for (std::size_t i = 0; i < np; ++i) grads[i] = total[i] / global;  // the one division

@@ -338,17 +338,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 
-  // run_replica keeps the final weights on rank 0 only (train() needs no more);
-  // every other rank takes its own from the last step's hook.
-  // TODO(lead): with run_replica filling `params` on every rank this goes.
-  TrainHooks own = hooks;
-  std::vector<float> last_params;
-  own.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> params,
-                            std::span<const float> optimizer_state) {
-    if (step == p.total_steps - 1 && rank != 0) last_params.assign(params.begin(), params.end());
-    if (hooks.on_replica_step) hooks.on_replica_step(rank, step, params, optimizer_state);
-  };
-  detail::Shared shared{c, data, own, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   std::vector<detail::ReplicaOutput> outputs(1);
   try {
     outputs[0] = detail::run_replica(shared, comm);
@@ -360,7 +350,6 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
     comm.abort(rank + " failed: " + (what.rfind(rank + ": ", 0) == 0 ? what.substr(rank.size() + 2) : what));
     throw;
   }
-  if (comm.rank() != 0) outputs[0].params = std::move(last_params);
   TrainResult result = assemble(c, p, outputs);
   result.traffic = gather_traffic(comm, result.traffic[0]);
   return result;

@@ -32,13 +32,18 @@ std::vector<float> inputs(int rank, std::size_t count) {
   return v;
 }
 
-TEST(TreeAllreduce, EqualsTheBalancedTreeOverRanksBitForBit) {
+// The shared-memory path sums in the same tree (and so does its staged
+// path for small buffers): the fast in-process all-reduce is tree-ordered too.
+class TreeOrder : public ::testing::TestWithParam<Algorithm> {};
+
+TEST_P(TreeOrder, EqualsTheBalancedTreeOverRanksBitForBit) {
+  const Algorithm algorithm = GetParam();
   for (int n : {1, 2, 4, 8}) {
     for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t(n), std::size_t{1001}, std::size_t{1} << 16}) {
       std::vector<std::vector<float>> results(n);
       rethrow_first(run_ranks(n, [&](Communicator& comm) {
         auto data = inputs(comm.rank(), count);
-        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Tree});
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
         results[comm.rank()] = std::move(data);
       }));
       std::vector<std::vector<float>> in;
@@ -61,6 +66,10 @@ TEST(TreeAllreduce, EqualsTheBalancedTreeOverRanksBitForBit) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TreeAndSharedMemory, TreeOrder,
+                         ::testing::Values(Algorithm::Tree, Algorithm::SharedMemory),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(TreeAllreduce, AllOpsAndBytesOnTheWire) {
   const std::size_t count = 8 * 1000;
