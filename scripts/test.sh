@@ -17,7 +17,8 @@ if [ "${LOCKSTEP_SANITIZERS:-1}" != "0" ]; then
   LOCKSTEP_BUILD_DIR="$root/build-tsan" \
     LOCKSTEP_TARGETS="lockstep_comm_tests lockstep_ddp_tests lockstep_train_tests" \
     "$root/scripts/build.sh" -DLOCKSTEP_SANITIZE=thread
-  ctest --test-dir "$root/build-tsan" --output-on-failure --parallel "$jobs" --timeout 900 \
+  TSAN_OPTIONS="suppressions=$root/tests/tsan.supp ${TSAN_OPTIONS:-}" \
+    ctest --test-dir "$root/build-tsan" --output-on-failure --parallel "$jobs" --timeout 900 \
     -R '^lockstep_(comm|ddp|train)_tests\.'
   echo "== AddressSanitizer + UBSan: everything" >&2
   LOCKSTEP_BUILD_DIR="$root/build-asan" "$root/scripts/build.sh" -DLOCKSTEP_SANITIZE=address
