@@ -10,7 +10,8 @@ add_executable(lockstep_gloo_rank gloo_rank_main.cpp)
 target_link_libraries(lockstep_gloo_rank PRIVATE lockstep_process_group)
 
 add_executable(lockstep_gloo_tests gloo_collectives_test.cpp gloo_rendezvous_test.cpp gloo_failure_test.cpp
-                                   gloo_secret_test.cpp)
+                                   gloo_secret_test.cpp gloo_sigpipe_test.cpp
+                                   gloo_store_test.cpp)
 target_link_libraries(lockstep_gloo_tests PRIVATE lockstep_comm_gloo GTest::gtest GTest::gtest_main Threads::Threads)
 target_include_directories(lockstep_gloo_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
 target_compile_definitions(lockstep_gloo_tests PRIVATE LOCKSTEP_TEST_TMPDIR="${CMAKE_CURRENT_BINARY_DIR}"

@@ -10,6 +10,7 @@
 #include "gloo_communicator.h"
 #include "handshake.h"
 #include "lockstep/error.h"
+#include "sigpipe.h"
 
 namespace lockstep::comm {
 namespace {
@@ -67,16 +68,25 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   const std::string secret =
       o.secret_file.empty() ? std::string() : gloo_backend::read_secret_file(o.secret_file);
 
+  // Also while the device is created: its thread keeps SIGPIPE blocked for good.
+  const gloo_backend::ScopedSigpipeBlock no_sigpipe;
   auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id);
   const auto deadline = Clock::now() + o.rendezvous_timeout;
-  gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
-
-  const std::string bind = !o.bind.empty()     ? o.bind
-                           : store->is_redis() ? address_towards(store->host(), store->port())
-                                               : "127.0.0.1";
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);
-  mesh->connect(*store, bind, deadline);
+  try {
+    gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
+    const std::string bind = !o.bind.empty()     ? o.bind
+                             : store->is_redis() ? address_towards(store->host(), store->port())
+                                                 : "127.0.0.1";
+    mesh->connect(*store, bind, deadline);
+  } catch (const TimeoutError&) {
+    throw;  // every rank has the same deadline and reports its own timeout, naming who is missing
+  } catch (const Error& e) {
+    // Any other failure here stops the group now, not at the peers' deadline.
+    gloo_backend::publish_abort(*store, e.what());
+    throw;
+  }
   try {
     gloo_backend::authenticate_peers(*mesh, secret, o.job_id, o.timeout);
   } catch (const std::exception& e) {

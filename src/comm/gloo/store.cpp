@@ -1,29 +1,98 @@
 // The rendezvous store: Gloo's FileStore and RedisStore behind set-if-absent
 // and a non-blocking get (the stores' own waits only time out in whole
 // seconds, so the join protocol polls with try_get against its own deadline).
+// Redis's SETNX is atomic; for files, see ProbingFileStore.
 #include "store.h"
 
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/redis_store.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <random>
 
 #include "lockstep/error.h"
 
 namespace lockstep::comm::gloo_backend {
 namespace {
 
-// FileStore keeps its non-blocking existence check protected; expose it.
+// Gloo's FileStore writes a key through a temporary file named after the key
+// alone, so two processes setting the same key at once truncate each other's
+// file and one of them renames an empty or torn value into place (seen as
+// "n > 0" on read). Setting and reading are therefore done here: the value is
+// written to a temporary file unique to this process and call, then hard-linked
+// to the key's path, which fails with EEXIST if the key exists; the link makes
+// a whole value appear at once. Only the key-to-path mapping is Gloo's.
 class ProbingFileStore final : public gloo::rendezvous::FileStore {
  public:
-  using FileStore::FileStore;
-  bool has(const std::string& key) { return check({key}); }
+  explicit ProbingFileStore(const std::string& dir)
+      : FileStore(dir), tag_(std::to_string(::getpid()) + "." + std::to_string(std::random_device{}())) {}
+
+  bool set_if_absent(const std::string& key, const std::string& value) {
+    const std::string path = objectPath(key);
+    const std::string tmp = path + ".tmp." + tag_ + "." + std::to_string(++writes_);
+    write_file(tmp, value);
+    const int rc = ::link(tmp.c_str(), path.c_str());
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (rc == 0) return true;
+    if (err == EEXIST) return false;
+    throw IoError("cannot create " + path + ": " + std::strerror(err));
+  }
+
+  std::optional<std::string> try_read(const std::string& key) {
+    const std::string path = objectPath(key);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::nullopt;
+      throw IoError("cannot open " + path + ": " + std::strerror(errno));
+    }
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw IoError("cannot read " + path + ": " + std::strerror(err));
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+
   void remove(const std::string& key) { ::unlink(objectPath(key).c_str()); }
+
+ private:
+  static void write_file(const std::string& path, const std::string& value) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw IoError("cannot create " + path + ": " + std::strerror(errno));
+    std::size_t done = 0;
+    while (done < value.size()) {
+      const ssize_t n = ::write(fd, value.data() + done, value.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(path.c_str());
+        throw IoError("cannot write " + path + ": " + std::strerror(err));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
+
+  const std::string tag_;  // unique to this store: pid and a random number
+  std::uint64_t writes_ = 0;
 };
 
 class ProbingRedisStore final : public gloo::rendezvous::RedisStore {
@@ -34,11 +103,6 @@ class ProbingRedisStore final : public gloo::rendezvous::RedisStore {
     if (void* reply = redisCommand(redis_, "DEL %b", key.c_str(), key.size())) freeReplyObject(reply);
   }
 };
-
-bool has(gloo::rendezvous::Store& store, bool redis, const std::string& key) {
-  return redis ? static_cast<ProbingRedisStore&>(store).has(key)
-               : static_cast<ProbingFileStore&>(store).has(key);
-}
 
 void make_dirs(const std::string& dir) {
   for (std::size_t pos = 1; pos <= dir.size(); ++pos) {
@@ -88,12 +152,20 @@ RendezvousStore::~RendezvousStore() = default;
 
 bool RendezvousStore::set_if_absent(const std::string& k, const std::string& value) {
   std::lock_guard lock(mu_);
+  if (!redis_) {
+    try {
+      return static_cast<ProbingFileStore&>(*store_).set_if_absent(key(k), value);
+    } catch (const IoError& e) {
+      throw IoError("rendezvous " + address_ + ": " + e.what());
+    }
+  }
+  auto& redis = static_cast<ProbingRedisStore&>(*store_);
   try {
-    if (has(*store_, redis_, key(k))) return false;
-    store_->set(key(k), std::vector<char>(value.begin(), value.end()));
+    if (redis.has(key(k))) return false;
+    redis.set(key(k), std::vector<char>(value.begin(), value.end()));  // SETNX
     return true;
   } catch (const gloo::EnforceNotMet&) {
-    return false;  // "already exists" (file) / "already set" (redis SETNX)
+    return false;  // "already set": another writer won the SETNX
   } catch (const gloo::Exception& e) {
     throw IoError("rendezvous " + address_ + ": cannot set " + key(k) + ": " + e.what());
   }
@@ -101,9 +173,17 @@ bool RendezvousStore::set_if_absent(const std::string& k, const std::string& val
 
 std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
   std::lock_guard lock(mu_);
+  if (!redis_) {
+    try {
+      return static_cast<ProbingFileStore&>(*store_).try_read(key(k));
+    } catch (const IoError& e) {
+      throw IoError("rendezvous " + address_ + ": " + e.what());
+    }
+  }
+  auto& redis = static_cast<ProbingRedisStore&>(*store_);
   try {
-    if (!has(*store_, redis_, key(k))) return std::nullopt;
-    const std::vector<char> v = store_->get(key(k));
+    if (!redis.has(key(k))) return std::nullopt;
+    const std::vector<char> v = redis.get(key(k));
     return std::string(v.begin(), v.end());
   } catch (const gloo::EnforceNotMet& e) {
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());

@@ -29,8 +29,8 @@ class RendezvousStore {
   RendezvousStore& operator=(const RendezvousStore&) = delete;
 
   // Sets `key` unless it exists. Returns false (and changes nothing) if it did.
-  // The file store checks and writes in two steps: two writers racing may both
-  // see true, and the later one wins; read back to know who did.
+  // Atomic across processes: of writers racing on one key exactly one sees true,
+  // and readers see either nothing or that writer's whole value.
   bool set_if_absent(const std::string& key, const std::string& value);
   // The value of `key`, or nullopt if it is not set. Never blocks.
   std::optional<std::string> try_get(const std::string& key);

@@ -1,0 +1,82 @@
+// The rendezvous store under contention: every rank of a job sets the same
+// keys ("world_size", "abort") at about the same moment, each through its own
+// store, as separate processes do. Exactly one writer must win, and every
+// reader must see the winner's whole value, never an empty or torn file.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo/store.h"
+#include "temp_dir_test.h"
+
+namespace lockstep::testing {
+namespace {
+
+using comm::gloo_backend::RendezvousStore;
+
+class GlooStore : public TempDirTest {};
+
+TEST_F(GlooStore, SetIfAbsentHasExactlyOneWinnerAndNoTornValue) {
+  constexpr int kWriters = 8;
+  constexpr int kKeys = 100;
+  const std::string address = "file:" + (dir_ / "rdv").string();
+  // A long value per writer, so a torn or truncated file cannot pass for a whole one.
+  auto value_of = [](int w) { return std::to_string(w) + ":" + std::string(4096 + 97 * w, char('a' + w)); };
+
+  std::vector<std::vector<bool>> won(kWriters, std::vector<bool>(kKeys, false));
+  std::vector<std::vector<std::optional<std::string>>> seen(
+      kWriters, std::vector<std::optional<std::string>>(kKeys));
+  std::vector<std::string> errors(kWriters);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      try {
+        RendezvousStore store(address, "job");  // one store per writer, like one per process
+        ready.fetch_add(1);
+        while (ready.load() < kWriters) std::this_thread::yield();
+        for (int k = 0; k < kKeys; ++k) {
+          const std::string key = "contended/" + std::to_string(k);
+          won[w][k] = store.set_if_absent(key, value_of(w));
+          seen[w][k] = store.try_get(key);
+        }
+      } catch (const std::exception& e) {
+        errors[w] = e.what();
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+
+  for (int w = 0; w < kWriters; ++w) ASSERT_EQ(errors[w], "") << "writer " << w;
+  for (int k = 0; k < kKeys; ++k) {
+    int winners = 0, winner = -1;
+    for (int w = 0; w < kWriters; ++w) {
+      if (won[w][k]) ++winners, winner = w;
+    }
+    ASSERT_EQ(winners, 1) << "key " << k;
+    for (int w = 0; w < kWriters; ++w) {
+      ASSERT_TRUE(seen[w][k].has_value()) << "key " << k << ", writer " << w;
+      ASSERT_EQ(*seen[w][k], value_of(winner)) << "key " << k << ", writer " << w << " read a value "
+                                               << seen[w][k]->size() << " bytes long";
+    }
+  }
+}
+
+TEST_F(GlooStore, RemovedKeyReadsAsAbsentAndCanBeSetAgain) {
+  RendezvousStore store("file:" + (dir_ / "rdv").string(), "job");
+  EXPECT_FALSE(store.try_get("k").has_value());
+  EXPECT_TRUE(store.set_if_absent("k", "one"));
+  EXPECT_FALSE(store.set_if_absent("k", "two"));
+  EXPECT_EQ(store.try_get("k").value_or(""), "one");
+  store.remove("k");
+  EXPECT_FALSE(store.try_get("k").has_value());
+  EXPECT_TRUE(store.set_if_absent("k", "three"));
+  EXPECT_EQ(store.try_get("k").value_or(""), "three");
+}
+
+}  // namespace
+}  // namespace lockstep::testing
