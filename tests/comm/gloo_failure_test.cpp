@@ -99,7 +99,8 @@ TEST_P(GlooKill, EverySurvivorExitsInTimeNamingTheDeadRank) {
   for (int r = 0; r < kWorld; ++r) {
     if (r == victim) continue;
     const RankExit& e = exits[index[r]];
-    EXPECT_TRUE(e.code == 3 || e.code == 4) << "rank " << r << " exit " << e.code << ":\n" << e.log;
+    EXPECT_TRUE(e.code == 3 || e.code == 4) << "rank " << r << " exit " << e.code << " signal " << e.signal
+                                              << ":\n" << e.log;
     EXPECT_LE(e.ended - killed_at, kBound) << "rank " << r << " took too long:\n" << e.log;
     if (phase == Phase::Rendezvous) {
       EXPECT_NE(e.log.find(dead), std::string::npos) << "rank " << r << ":\n" << e.log;

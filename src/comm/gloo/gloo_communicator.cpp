@@ -10,6 +10,7 @@
 #include "algorithms.h"
 #include "fingerprint.h"
 #include "lockstep/error.h"
+#include "sigpipe.h"
 
 namespace lockstep::comm::gloo_backend {
 
@@ -108,6 +109,7 @@ std::unique_ptr<Work> GlooCommunicator::post(bool is_send, int peer, std::uint64
   // Gloo wants a pointer even for 0 bytes (it never touches it then).
   auto buf = mesh_->createUnboundBuffer(bytes ? data : &empty_, bytes);
   try {
+    const ScopedSigpipeBlock no_sigpipe;  // Gloo may write from this thread (sigpipe.h)
     is_send ? buf->send(peer, tag) : buf->recv(peer, tag);
   } catch (const std::exception& e) {  // the pair already failed
     transport_failed(std::string(is_send ? "send to" : "recv from") + " rank " + std::to_string(peer), peer,
@@ -214,6 +216,7 @@ void GlooCommunicator::allreduce(std::span<float> data, const Fingerprint& fp, b
     opts.setTag(static_cast<std::uint32_t>(fp.sequence));
     opts.setTimeout(timeout());
     try {
+      const ScopedSigpipeBlock no_sigpipe;
       gloo::allreduce(opts);
     } catch (const std::exception& e) {
       transport_failed("native all-reduce", -1, fp.sequence << 16, e.what(), timeout());
