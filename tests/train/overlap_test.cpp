@@ -97,12 +97,16 @@ std::vector<bool> overlapped_steps(const TrainResult& r, int replica) {
 // bucket (the last layer) starts before the first layer's backward ends;
 // with one bucket it never can.
 TEST(Overlap, ABucketsAllreduceStartsBeforeBackwardEnds) {
+  // The window to overlap in is the backward of the layers before the last:
+  // tens of ms at this width, so a comm thread that a loaded machine
+  // schedules late still starts inside it (at width 256 it was ~3 ms, and a
+  // CI run on a busy machine missed it in all six steps).
   const auto data = synthetic_data(2048, /*features=*/784);
-  auto c = config(2, 64);
-  c.hidden = {256, 256};
+  auto c = config(2, 128);
+  c.hidden = {1024, 1024};
   c.steps = 6;
   c.link = {.bytes_per_second = 125e6, .latency = std::chrono::microseconds(50)};  // 1 Gbit/s
-  c.first_bucket_mb = 0.01;  // the last Linear (10 KB) alone
+  c.first_bucket_mb = 0.03;  // the last Linear (41 KB) alone
   c.bucket_mb = 0.2;
   c.record_timeline = true;
   const auto bucketed = train(c, data);
