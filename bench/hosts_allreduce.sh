@@ -21,17 +21,14 @@
 # ours >= 0.85 of it, and at least as fast as both peers.
 # Uses $LOCKSTEP_BUILD_DIR (default build/); builds lockstep and the MPI peer.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${LOCKSTEP_BUILD_DIR:-$root/build}"
-lockstep="$build/cli/lockstep"
+# shellcheck source=SCRIPTDIR/hosts_common.sh
+source "$(dirname "$0")/hosts_common.sh"  # root, build, lockstep, redis_port; hosts_* steps
 mpi_peer="$build/peers/mpi_allreduce"
-redis_port=6379
 
 # --- inside a test host (hosts.sh runs this script again with __host) -------
 if [ "${1:-}" = "__host" ]; then
   what=$1 impl=$2 per_host=$3 size=$4 repeats=$5 out=$6
   world=$((HOSTS * per_host))
-  rendezvous_host=${HOST_ADDRS%%,*}
   if [ "$impl" = openmpi ] || [ "$impl" = openmpi_ring ]; then
     forced=()
     [ "$impl" = openmpi ] || forced=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
@@ -45,26 +42,16 @@ if [ "${1:-}" = "__host" ]; then
       --mca oob_tcp_if_include "$HOSTS_SUBNET.0/24" "${forced[@]}" \
       "$mpi_peer" "$bytes" > "$out/result.jsonl" 2> "$out/mpirun.log"
   fi
-  if [ "$HOST" = 0 ]; then
-    redis-server --bind "$HOST_ADDR" --port $redis_port --save "" --appendonly no --protected-mode no \
-      > "$out/redis.log" 2>&1 &
-  fi
-  for ((i = 0; i < 300; i++)); do  # up to 30 s for redis
-    [ "$(redis-cli -h "$rendezvous_host" -p $redis_port ping 2>/dev/null)" = PONG ] && break
-    sleep 0.1
-  done
-  pids=()
-  for ((l = 0; l < per_host; l++)); do
-    rank=$((HOST * per_host + l))
-    target=/dev/null; [ $rank -ne 0 ] || target="$out/result.json"
-    RANK=$rank WORLD_SIZE=$world LOCAL_WORLD_SIZE=$per_host \
-      LOCKSTEP_RENDEZVOUS="redis://$rendezvous_host:$redis_port" LOCKSTEP_SECRET_FILE="$out/secret" \
-      "$lockstep" bench allreduce --backend gloo --algorithm "$impl" --sizes "$size" --json \
-      ${repeats:+--repeats "$repeats"} --timeout 120 > "$target" 2> "$out/rank$rank.log" &
-    pids+=($!)
-  done
+  hosts_start_redis "$out"
+  # shellcheck disable=SC2317  # called by hosts_run_ranks
+  run_rank() {  # RANK: rank 0's result to result.json
+    local rank=$1 target=/dev/null
+    [ "$rank" -ne 0 ] || target="$out/result.json"
+    "$lockstep" bench allreduce --backend gloo --algorithm "$impl" --sizes "$size" --json \
+      ${repeats:+--repeats "$repeats"} --timeout 120 > "$target" 2> "$out/rank$rank.log"
+  }
   rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  hosts_run_ranks "$per_host" "$out" run_rank || rc=$?
   exit $rc
 fi
 
@@ -85,16 +72,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || out="$build/hosts_allreduce"
-"$root/scripts/hosts.sh" check
-"$root/scripts/hosts.sh" cleanup
-[ $build_first -eq 0 ] || LOCKSTEP_BUILD_DIR="$build" LOCKSTEP_TARGETS=lockstep "$root/scripts/build.sh" > /dev/null
+hosts_prepare "$out" "$build_first"
 if [ ! -x "$mpi_peer" ] || [ "$root/bench/peers/mpi_allreduce.cpp" -nt "$mpi_peer" ]; then
   mkdir -p "$(dirname "$mpi_peer")"
   mpicxx -O2 -std=c++17 "$root/bench/peers/mpi_allreduce.cpp" -o "$mpi_peer"
 fi
-rm -rf "$out"
-mkdir -p "$out"
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/secret")
 
 impls=(ring native openmpi openmpi_ring)
 for ((r = 0; r < runs; r++)); do

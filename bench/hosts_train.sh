@@ -13,36 +13,23 @@
 # --algorithm (ring, halving_doubling or tree) goes to both train and plan.
 # Uses $LOCKSTEP_BUILD_DIR (default build/).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${LOCKSTEP_BUILD_DIR:-$root/build}"
-lockstep="$build/cli/lockstep"
-redis_port=6379
+# shellcheck source=SCRIPTDIR/hosts_common.sh
+source "$(dirname "$0")/hosts_common.sh"  # root, build, lockstep, redis_port; hosts_* steps
 
 # --- inside a test host ------------------------------------------------------
 if [ "${1:-}" = "__host" ]; then
   per_host=$2 steps=$3 out=$4
   shift 4
-  world=$((HOSTS * per_host))
-  rendezvous_host=${HOST_ADDRS%%,*}
-  if [ "$HOST" = 0 ]; then
-    redis-server --bind "$HOST_ADDR" --port $redis_port --save "" --appendonly no --protected-mode no \
-      > "$out/redis.log" 2>&1 &
-  fi
-  for ((i = 0; i < 300; i++)); do  # up to 30 s for redis
-    [ "$(redis-cli -h "$rendezvous_host" -p $redis_port ping 2>/dev/null)" = PONG ] && break
-    sleep 0.1
-  done
-  pids=()
-  for ((l = 0; l < per_host; l++)); do
-    rank=$((HOST * per_host + l))
-    RANK=$rank WORLD_SIZE=$world LOCAL_WORLD_SIZE=$per_host \
-      LOCKSTEP_RENDEZVOUS="redis://$rendezvous_host:$redis_port" LOCKSTEP_SECRET_FILE="$out/secret" \
-      "$lockstep" train --backend gloo --steps "$steps" --quiet --report "$out/report.rank$rank.json" "$@" \
-      > "$out/rank$rank.log" 2>&1 &
-    pids+=($!)
-  done
+  train_flags=("$@")
+  hosts_start_redis "$out"
+  # shellcheck disable=SC2317  # called by hosts_run_ranks
+  run_rank() {  # RANK
+    local rank=$1
+    "$lockstep" train --backend gloo --steps "$steps" --quiet --report "$out/report.rank$rank.json" \
+      "${train_flags[@]}" > "$out/rank$rank.log" 2>&1
+  }
   rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  hosts_run_ranks "$per_host" "$out" run_rank || rc=$?
   exit $rc
 fi
 
@@ -63,12 +50,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || out="$build/hosts_train"
-"$root/scripts/hosts.sh" check
-"$root/scripts/hosts.sh" cleanup
-[ $build_first -eq 0 ] || LOCKSTEP_BUILD_DIR="$build" LOCKSTEP_TARGETS=lockstep "$root/scripts/build.sh" > /dev/null
-rm -rf "$out"
-mkdir -p "$out"
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/secret")
+hosts_prepare "$out" "$build_first"
 
 if ! "$root/scripts/hosts.sh" --hosts "$hosts" --rate "$rate" --timeout 900 -- \
      "$0" __host "$per_host" "$steps" "$out" --algorithm "$algorithm" "$@" > "$out/hosts.log" 2>&1; then
