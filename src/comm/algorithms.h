@@ -12,6 +12,18 @@ namespace lockstep::comm::detail {
 // Auto uses halving-doubling below this size (when there is no native path).
 inline constexpr std::size_t kHalvingDoublingMaxBytes = std::size_t{64} << 10;
 
+// The ring cuts each chunk into segments of at most this many bytes, so that
+// one segment is on the wire while the previous one is reduced.
+inline constexpr std::size_t kRingSegmentBytes = std::size_t{1} << 20;
+
+// Segments per chunk of `chunk_bytes`, so that `rounds` rounds of them still
+// number within a tag's 16 bits.
+inline int ring_segments(std::size_t chunk_bytes, int rounds) {
+  const std::size_t wanted = (chunk_bytes + kRingSegmentBytes - 1) / kRingSegmentBytes;
+  const std::size_t most = 0xffffu / static_cast<std::size_t>(rounds > 0 ? rounds : 1);
+  return static_cast<int>(wanted < 1 ? 1 : wanted > most ? most : wanted);
+}
+
 // Tag of round `round` of collective number `sequence`.
 inline std::uint64_t make_tag(std::uint64_t sequence, std::uint32_t round) {
   return (sequence << 16) | (round & 0xffffu);

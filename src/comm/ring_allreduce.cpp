@@ -1,5 +1,7 @@
 // Ring all-reduce: reduce-scatter, then all-gather, around the ring
-// rank r -> r+1 (mod N). The buffer of P bytes is cut into N chunks.
+// rank r -> r+1 (mod N). The buffer of P bytes is cut into N chunks, and each
+// chunk into m segments of at most kRingSegmentBytes (m = 1 for chunks that
+// small), so that a segment is on the wire while the one before it is reduced.
 //
 //   Reduce-scatter, rounds s = 0..N-2:
 //     send chunk (r-s) mod N to r+1; recv chunk (r-s-1) mod N from r-1 into
@@ -10,8 +12,18 @@
 //     straight into place. Every rank ends with the same bytes, because each
 //     reduced chunk was computed once and then copied.
 //
-// Rounds: 2(N-1). Bytes sent per rank: 2(N-1) chunks = 2P(N-1)/N.
-// Latency term: 2(N-1) message latencies.
+//   Pipelining: what a rank sends in round s+1 is what it received (and, in
+//   the reduce-scatter, reduced) in round s. So segment j goes out for round
+//   s+1 as soon as segment j of round s is in, and receives are posted one
+//   round ahead, into two alternating scratch buffers. The summation order is
+//   the same as without segments: every element is reduced in the same
+//   rounds, in the same order.
+//
+// Rounds: 2(N-1). Bytes sent per rank: 2(N-1) chunks = 2P(N-1)/N, in
+// 2(N-1)m messages. Latency term: about 2(N-1) + m - 1 message latencies.
+#include <memory>
+#include <vector>
+
 #include "algorithms.h"
 
 namespace lockstep::comm::detail {
@@ -28,28 +40,52 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
     return data.subspan(b, chunk_begin(count, n, i + 1) - b);
   };
   const std::size_t max_chunk = (count + n - 1) / n;
-  auto scratch_bytes = comm.scratch(max_chunk * sizeof(float));
+  const int rounds = 2 * (n - 1);
+  const int m = ring_segments(max_chunk * sizeof(float), rounds);
+  // Segment j of a chunk of `size` elements: the same cut on every rank.
+  auto segment = [&](std::span<float> c, int j) {
+    const std::size_t b = chunk_begin(c.size(), m, j);
+    return c.subspan(b, chunk_begin(c.size(), m, j + 1) - b);
+  };
+  auto tag = [&](int round, int j) { return make_tag(seq, static_cast<std::uint32_t>(round * m + j)); };
+  auto scratch_bytes = comm.scratch(2 * max_chunk * sizeof(float));
   auto* scratch = reinterpret_cast<float*>(scratch_bytes.data());
+  auto landing = [&](int round) -> std::span<float> {  // where round's segments arrive
+    if (round >= n - 1) return chunk(r - (round - (n - 1)));  // all-gather: in place
+    return {scratch + (round % 2) * max_chunk, chunk(r - round - 1).size()};
+  };
 
-  std::uint32_t round = 0;
-  for (int s = 0; s < n - 1; ++s, ++round) {
-    auto out = chunk(r - s);
-    auto in = chunk(r - s - 1);
-    std::span<float> tmp(scratch, in.size());
-    auto recv_work = comm.irecv(left, make_tag(seq, round), std::as_writable_bytes(tmp));
-    auto send_work = comm.isend(right, make_tag(seq, round), std::as_bytes(out));
-    recv_work->wait(comm.timeout());
-    reduce_into(in, tmp, op);
-    send_work->wait(comm.timeout());
-  }
-  finish(chunk(r + 1), op, n);
-  for (int s = 0; s < n - 1; ++s, ++round) {
-    auto out = chunk(r + 1 - s);
-    auto in = chunk(r - s);
-    auto recv_work = comm.irecv(left, make_tag(seq, round), std::as_writable_bytes(in));
-    auto send_work = comm.isend(right, make_tag(seq, round), std::as_bytes(out));
-    recv_work->wait(comm.timeout());
-    send_work->wait(comm.timeout());
+  using Works = std::vector<std::unique_ptr<Work>>;
+  std::vector<Works> recvs(rounds), sends(rounds);
+  auto post_recvs = [&](int round) {
+    if (round >= rounds) return;
+    auto into = landing(round);
+    for (int j = 0; j < m; ++j)
+      recvs[round].push_back(comm.irecv(left, tag(round, j), std::as_writable_bytes(segment(into, j))));
+  };
+  auto post_send = [&](int round, std::span<const float> seg, int j) {
+    if (round < rounds) sends[round].push_back(comm.isend(right, tag(round, j), std::as_bytes(seg)));
+  };
+
+  post_recvs(0);
+  post_recvs(1);
+  for (int j = 0; j < m; ++j) post_send(0, segment(chunk(r), j), j);
+  for (int round = 0; round < rounds; ++round) {
+    const bool reducing = round < n - 1;
+    auto in = reducing ? chunk(r - round - 1) : chunk(r - (round - (n - 1)));
+    auto arrived = landing(round);
+    for (int j = 0; j < m; ++j) {
+      recvs[round][j]->wait(comm.timeout());
+      auto seg = segment(in, j);
+      if (reducing) {
+        reduce_into(seg, segment(arrived, j), op);
+        if (round == n - 2) finish(seg, op, n);  // chunk (r+1) is complete: the first one all-gathered
+      }
+      post_send(round + 1, seg, j);  // round+1 sends what round received
+    }
+    for (auto& w : sends[round]) w->wait(comm.timeout());
+    // Round+2 lands where round did (scratch), or later in place: post it now.
+    post_recvs(round + 2);
   }
 }
 

@@ -1,0 +1,86 @@
+// The segmented (pipelined) ring: with chunks larger than a segment, every
+// element must still be reduced in the ring's order, the same bits as the
+// naive sibling below, and the bytes on the wire must stay 2P(N-1)/N, in
+// 2(N-1) messages per segment.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "lockstep/comm/collectives.h"
+#include "run_ranks.h"
+
+namespace lockstep::comm {
+namespace {
+
+using testing::rethrow_first;
+using testing::run_ranks;
+
+// Inputs whose sums round differently in different orders.
+std::vector<float> inputs(int rank, std::size_t count) {
+  std::mt19937 gen(77 + rank);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (auto& x : v) x = d(gen) * std::ldexp(1.0f, int(gen() % 20) - 10);
+  return v;
+}
+
+// The naive sibling of the ring's order: element i lies in chunk c, which
+// starts at rank c and picks up ranks c+1, c+2, ... in turn, each adding
+// its own value to what arrives. Mean scales the sum by 1/N at the end.
+float ring_order(const std::vector<std::vector<float>>& in, std::size_t i, std::size_t count, ReduceOp op) {
+  const int n = static_cast<int>(in.size());
+  int c = 0;
+  while (count * static_cast<std::size_t>(c + 1) / n <= i) ++c;
+  float acc = in[c][i];
+  for (int k = 1; k < n; ++k) {
+    const float x = in[(c + k) % n][i];
+    acc = op == ReduceOp::Max ? std::max(x, acc) : x + acc;
+  }
+  return op == ReduceOp::Mean ? acc * (1.0f / static_cast<float>(n)) : acc;
+}
+
+TEST(RingSegments, LargeChunksAreReducedInRingOrderBitForBit) {
+  const std::size_t segment_floats = (std::size_t{1} << 20) / sizeof(float);
+  for (int n : {2, 3, 5}) {
+    // Chunks of 1.5 segments and a few elements: two uneven segments each.
+    const std::size_t count = static_cast<std::size_t>(n) * (segment_floats * 3 / 2) + n - 1;
+    for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+      std::vector<std::vector<float>> results(n);
+      std::vector<CommStats> used(n);
+      rethrow_first(run_ranks(n, [&](Communicator& comm) {
+        auto data = inputs(comm.rank(), count);
+        const CommStats before = comm.stats();
+        allreduce(comm, data, {.op = op, .algorithm = Algorithm::Ring, .verify = false});
+        const CommStats after = comm.stats();
+        used[comm.rank()] = {after.bytes_sent - before.bytes_sent, after.bytes_received - before.bytes_received,
+                             after.messages_sent - before.messages_sent};
+        results[comm.rank()] = std::move(data);
+      }));
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
+      for (std::size_t i = 0; i < count; ++i) {
+        const float want = ring_order(in, i, count, op);
+        ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0)
+            << "n=" << n << " op=" << to_string(op) << " i=" << i << ": " << results[0][i] << " vs " << want;
+      }
+      for (int r = 1; r < n; ++r)
+        ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
+      // Rank r sends every chunk but r+1 in the reduce-scatter, and every
+      // chunk but r+2 in the all-gather.
+      auto chunk_size = [&](int c) {
+        c %= n;
+        return count * static_cast<std::size_t>(c + 1) / n - count * static_cast<std::size_t>(c) / n;
+      };
+      for (int r = 0; r < n; ++r) {
+        const std::size_t sent = 2 * count - chunk_size(r + 1) - chunk_size(r + 2);
+        EXPECT_EQ(used[r].bytes_sent, sent * sizeof(float)) << "n=" << n << " rank " << r;
+        EXPECT_EQ(used[r].messages_sent, 2u * (n - 1) * 2) << "n=" << n << " rank " << r;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::comm
