@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "run_ranks.h"
@@ -11,27 +12,7 @@ namespace {
 
 using testing::rethrow_first;
 using testing::run_ranks;
-
-// Rank r's input element i: small integers, so every sum is exact in float
-// and the expected value has a closed form.
-float input(int r, std::size_t i) {
-  return static_cast<float>((r + 1) * ((i % 7) + 1));
-}
-
-float expected(ReduceOp op, int n, std::size_t i) {
-  const float base = static_cast<float>((i % 7) + 1);
-  switch (op) {
-    case ReduceOp::Sum:
-      return base * n * (n + 1) / 2.0f;
-    case ReduceOp::Mean:
-      return base * n * (n + 1) / 2.0f / n;
-    case ReduceOp::Max:
-      return base * n;
-    case ReduceOp::Min:
-      return base;
-  }
-  return 0;
-}
+namespace closed_form = testing::closed_form;
 
 struct GridCase {
   Algorithm algorithm;
@@ -43,18 +24,17 @@ class AllreduceGrid : public ::testing::TestWithParam<GridCase> {};
 TEST_P(AllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
   const auto [algorithm, op] = GetParam();
   for (int n = 1; n <= 9; ++n) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
-                              std::size_t(n + 1), std::size_t{1000}, std::size_t{1} << 20}) {
+    for (std::size_t count : closed_form::allreduce_counts(n)) {
       std::vector<std::vector<float>> results(n);
       auto errors = run_ranks(n, [&](Communicator& comm) {
-        std::vector<float> data(count);
-        for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+        std::vector<float> data = closed_form::inputs(comm.rank(), count);
         allreduce(comm, data, {.op = op, .algorithm = algorithm});
         results[comm.rank()] = std::move(data);
       });
       rethrow_first(errors);
       for (std::size_t i = 0; i < count; ++i) {
-        ASSERT_FLOAT_EQ(results[0][i], expected(op, n, i)) << "n=" << n << " count=" << count << " i=" << i;
+        ASSERT_FLOAT_EQ(results[0][i], closed_form::expected(op, n, i))
+            << "n=" << n << " count=" << count << " i=" << i;
       }
       for (int r = 1; r < n; ++r) {
         ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)))
@@ -105,11 +85,11 @@ TEST(Broadcast, EveryRankGetsRootData) {
     for (int root = 0; root < n; ++root) {
       std::vector<std::vector<float>> got(n);
       rethrow_first(run_ranks(n, [&](Communicator& comm) {
-        std::vector<float> data(37, static_cast<float>(comm.rank()));
+        std::vector<float> data = closed_form::broadcast_inputs(comm.rank());
         broadcast(comm, std::span<float>(data), root);
         got[comm.rank()] = data;
       }));
-      for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], std::vector<float>(37, float(root))) << n << root;
+      for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], closed_form::broadcast_expected(root)) << n << root;
     }
   }
 }

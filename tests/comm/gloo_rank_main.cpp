@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
@@ -31,6 +32,7 @@ namespace {
 
 using namespace lockstep;
 using namespace lockstep::comm;
+namespace closed_form = lockstep::testing::closed_form;
 
 struct Failed {
   std::string what;
@@ -56,25 +58,6 @@ void check_identical(Communicator& comm, std::vector<std::uint64_t> mine,
   }
 }
 
-float input(int r, std::size_t i) {
-  return static_cast<float>((r + 1) * ((i % 7) + 1));
-}
-
-float expected(ReduceOp op, int n, std::size_t i) {
-  const float base = static_cast<float>((i % 7) + 1);
-  switch (op) {
-    case ReduceOp::Sum:
-      return base * n * (n + 1) / 2.0f;
-    case ReduceOp::Mean:
-      return base * n * (n + 1) / 2.0f / n;
-    case ReduceOp::Max:
-      return base * n;
-    case ReduceOp::Min:
-      return base;
-  }
-  return 0;
-}
-
 // The digests of the results so far, checked across ranks by check_identical.
 struct Digests {
   std::vector<std::uint64_t> values;
@@ -84,13 +67,12 @@ struct Digests {
 void checked_allreduce(Communicator& comm, std::size_t count, ReduceOp op, Algorithm algorithm,
                        Digests* digests = nullptr) {
   const int n = comm.size();
-  std::vector<float> data(count);
-  for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+  std::vector<float> data = closed_form::inputs(comm.rank(), count);
   allreduce(comm, data, {.op = op, .algorithm = algorithm});
   const std::string what = std::string("allreduce ") + to_string(algorithm) + " " + to_string(op) +
                            " n=" + std::to_string(n) + " count=" + std::to_string(count);
   for (std::size_t i = 0; i < count; ++i) {
-    check(data[i] == expected(op, n, i),
+    check(data[i] == closed_form::expected(op, n, i),
           what + " i=" + std::to_string(i) + ": got " + std::to_string(data[i]));
   }
   if (digests == nullptr) return check_identical(comm, {digest(data)}, {what});
@@ -103,8 +85,7 @@ void checked_allreduce(Communicator& comm, std::size_t count, ReduceOp op, Algor
 // N = 8 processes on two cores quick.
 void allreduce_grid(Communicator& comm, Algorithm algorithm) {
   const int n = comm.size();
-  const std::size_t counts[] = {
-      0, 1, std::size_t(n - 1), std::size_t(n), std::size_t(n + 1), 1000, std::size_t{1} << 20};
+  const std::vector<std::size_t> counts = closed_form::allreduce_counts(n);
   Digests digests;
   for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min})
     for (std::size_t count : counts)
@@ -127,33 +108,28 @@ void other_collectives(Communicator& comm) {
           std::string("bytes sent by ") + to_string(algorithm));
   }
 
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
-                            std::size_t(n + 1), std::size_t{1000}}) {
+  for (std::size_t count : closed_form::reduce_scatter_counts(n)) {
     for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
-      std::vector<float> in(count);
-      for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
-      const std::size_t b = count * r / n, e = count * (r + 1) / n;
+      std::vector<float> in = closed_form::reduce_scatter_inputs(r, count);
+      const std::size_t b = closed_form::chunk_begin(count, n, r), e = closed_form::chunk_end(count, n, r);
       std::vector<float> out(e - b);
       reduce_scatter(comm, in, out, op);
       for (std::size_t i = b; i < e; ++i) {
-        const float base = float(i % 5 + 1);
-        const float want = op == ReduceOp::Max   ? base * n
-                           : op == ReduceOp::Sum ? base * n * (n + 1) / 2
-                                                 : base * (n + 1) / 2.0f;
-        check(out[i - b] == want,
+        check(out[i - b] == closed_form::reduce_scatter_expected(op, n, i),
               "reduce_scatter count=" + std::to_string(count) + " i=" + std::to_string(i));
       }
     }
   }
-  for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
-    std::vector<float> in(block, float(r * 10)), out(block * n, -1.0f);
+  for (std::size_t block : closed_form::all_gather_blocks()) {
+    std::vector<float> in = closed_form::all_gather_inputs(r, block), out(block * n, -1.0f);
     all_gather(comm, in, out);
-    for (std::size_t i = 0; i < out.size(); ++i) check(out[i] == float((i / block) * 10), "all_gather");
+    for (std::size_t i = 0; i < out.size(); ++i)
+      check(out[i] == closed_form::all_gather_expected(block, i), "all_gather");
   }
   for (int root = 0; root < n; ++root) {
-    std::vector<float> data(37, static_cast<float>(r));
+    std::vector<float> data = closed_form::broadcast_inputs(r);
     broadcast(comm, std::span<float>(data), root);
-    check(data == std::vector<float>(37, float(root)), "broadcast root " + std::to_string(root));
+    check(data == closed_form::broadcast_expected(root), "broadcast root " + std::to_string(root));
   }
   barrier(comm);
 }

@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "mpi_rank.h"
@@ -18,25 +19,7 @@ namespace lockstep::comm {
 namespace {
 
 using testing::mpi_world;
-
-float input(int r, std::size_t i) {
-  return static_cast<float>((r + 1) * ((i % 7) + 1));
-}
-
-float expected(ReduceOp op, int n, std::size_t i) {
-  const float base = static_cast<float>((i % 7) + 1);
-  switch (op) {
-    case ReduceOp::Sum:
-      return base * n * (n + 1) / 2.0f;
-    case ReduceOp::Mean:
-      return base * n * (n + 1) / 2.0f / n;
-    case ReduceOp::Max:
-      return base * n;
-    case ReduceOp::Min:
-      return base;
-  }
-  return 0;
-}
+namespace closed_form = testing::closed_form;
 
 // FNV-1a of the bytes: one number per rank's result, compared across ranks.
 std::uint64_t digest(std::span<const float> data) {
@@ -64,20 +47,18 @@ TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
   const auto [algorithm, op] = GetParam();
   Communicator& comm = mpi_world();
   const int n = comm.size();
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
-                            std::size_t(n + 1), std::size_t{1000}, std::size_t{1} << 20}) {
-    std::vector<float> data(count);
-    for (std::size_t i = 0; i < count; ++i) data[i] = input(comm.rank(), i);
+  for (std::size_t count : closed_form::allreduce_counts(n)) {
+    std::vector<float> data = closed_form::inputs(comm.rank(), count);
     allreduce(comm, data, {.op = op, .algorithm = algorithm});
     std::size_t wrong = count;
     for (std::size_t i = 0; i < count && wrong == count; ++i) {
       // Mean is a sum scaled by 1/N: within a few ulp of the exact quotient.
-      const float want = expected(op, n, i);
+      const float want = closed_form::expected(op, n, i);
       if (op == ReduceOp::Mean ? std::abs(data[i] - want) > 4e-7f * want : data[i] != want) wrong = i;
     }
     EXPECT_EQ(wrong, count) << "n=" << n << " count=" << count << " first wrong element " << wrong << " = "
                             << (wrong < count ? data[wrong] : 0.0f) << ", want "
-                            << (wrong < count ? expected(op, n, wrong) : 0.0f);
+                            << (wrong < count ? closed_form::expected(op, n, wrong) : 0.0f);
     expect_same_on_every_rank(comm, data, "count " + std::to_string(count));
   }
 }
@@ -112,20 +93,15 @@ TEST(MpiAllreduce, RingSendsTwoPTimesNMinusOneOverNBytes) {
 TEST(MpiReduceScatter, EachRankGetsItsChunkOfTheSum) {
   Communicator& comm = mpi_world();
   const int n = comm.size(), r = comm.rank();
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
-                            std::size_t(n + 1), std::size_t{1000}}) {
+  for (std::size_t count : closed_form::reduce_scatter_counts(n)) {
     for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
-      std::vector<float> in(count);
-      for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
-      const std::size_t b = count * r / n, e = count * (r + 1) / n;
+      std::vector<float> in = closed_form::reduce_scatter_inputs(r, count);
+      const std::size_t b = closed_form::chunk_begin(count, n, r), e = closed_form::chunk_end(count, n, r);
       std::vector<float> out(e - b);
       reduce_scatter(comm, in, out, op);
       for (std::size_t i = b; i < e; ++i) {
-        const float base = float(i % 5 + 1);
-        const float want = op == ReduceOp::Max   ? base * n
-                           : op == ReduceOp::Sum ? base * n * (n + 1) / 2
-                                                 : base * (n + 1) / 2.0f;
-        EXPECT_FLOAT_EQ(out[i - b], want) << "n=" << n << " count=" << count << " i=" << i;
+        EXPECT_FLOAT_EQ(out[i - b], closed_form::reduce_scatter_expected(op, n, i))
+            << "n=" << n << " count=" << count << " i=" << i;
       }
     }
   }
@@ -134,13 +110,13 @@ TEST(MpiReduceScatter, EachRankGetsItsChunkOfTheSum) {
 TEST(MpiAllGather, EveryRankGetsEveryBlockInRankOrder) {
   Communicator& comm = mpi_world();
   const int n = comm.size();
-  for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
-    std::vector<float> in(block, float(comm.rank() * 10));
+  for (std::size_t block : closed_form::all_gather_blocks()) {
+    std::vector<float> in = closed_form::all_gather_inputs(comm.rank(), block);
     std::vector<float> out(block * n, -1.0f);
     all_gather(comm, in, out);
     std::size_t wrong = out.size();
     for (std::size_t i = 0; i < out.size() && wrong == out.size(); ++i)
-      if (out[i] != float((i / block) * 10)) wrong = i;
+      if (out[i] != closed_form::all_gather_expected(block, i)) wrong = i;
     EXPECT_EQ(wrong, out.size()) << "block " << block;
   }
 }
@@ -148,9 +124,9 @@ TEST(MpiAllGather, EveryRankGetsEveryBlockInRankOrder) {
 TEST(MpiBroadcast, EveryRankGetsRootData) {
   Communicator& comm = mpi_world();
   for (int root = 0; root < comm.size(); ++root) {
-    std::vector<float> data(37, static_cast<float>(comm.rank()));
+    std::vector<float> data = closed_form::broadcast_inputs(comm.rank());
     broadcast(comm, std::span<float>(data), root);
-    EXPECT_EQ(data, std::vector<float>(37, float(root))) << "root " << root;
+    EXPECT_EQ(data, closed_form::broadcast_expected(root)) << "root " << root;
   }
 }
 

@@ -2,6 +2,7 @@
 // sizes and counts.
 #include <gtest/gtest.h>
 
+#include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "run_ranks.h"
@@ -11,25 +12,22 @@ namespace {
 
 using testing::rethrow_first;
 using testing::run_ranks;
+namespace closed_form = testing::closed_form;
 
 TEST(ReduceScatter, EachRankGetsItsChunkOfTheSum) {
   for (int n = 1; n <= 9; ++n) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t(n - 1), std::size_t(n),
-                              std::size_t(n + 1), std::size_t{1000}}) {
+    for (std::size_t count : closed_form::reduce_scatter_counts(n)) {
       for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
         rethrow_first(run_ranks(n, [&](Communicator& comm) {
           const int r = comm.rank();
-          std::vector<float> in(count);
-          for (std::size_t i = 0; i < count; ++i) in[i] = float((r + 1) * (i % 5 + 1));
-          const std::size_t b = count * r / n, e = count * (r + 1) / n;
+          std::vector<float> in = closed_form::reduce_scatter_inputs(r, count);
+          const std::size_t b = closed_form::chunk_begin(count, n, r),
+                            e = closed_form::chunk_end(count, n, r);
           std::vector<float> out(e - b);
           reduce_scatter(comm, in, out, op);
           for (std::size_t i = b; i < e; ++i) {
-            const float base = float(i % 5 + 1);
-            const float want = op == ReduceOp::Max   ? base * n
-                               : op == ReduceOp::Sum ? base * n * (n + 1) / 2
-                                                     : base * (n + 1) / 2.0f;
-            ASSERT_FLOAT_EQ(out[i - b], want) << "n=" << n << " count=" << count << " i=" << i;
+            ASSERT_FLOAT_EQ(out[i - b], closed_form::reduce_scatter_expected(op, n, i))
+                << "n=" << n << " count=" << count << " i=" << i;
           }
         }));
       }
@@ -39,13 +37,13 @@ TEST(ReduceScatter, EachRankGetsItsChunkOfTheSum) {
 
 TEST(AllGather, EveryRankGetsEveryBlockInRankOrder) {
   for (int n = 1; n <= 9; ++n) {
-    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+    for (std::size_t block : closed_form::all_gather_blocks()) {
       rethrow_first(run_ranks(n, [&](Communicator& comm) {
-        std::vector<float> in(block, float(comm.rank() * 10));
+        std::vector<float> in = closed_form::all_gather_inputs(comm.rank(), block);
         std::vector<float> out(block * n, -1.0f);
         all_gather(comm, in, out);
         for (std::size_t i = 0; i < out.size(); ++i)
-          ASSERT_EQ(out[i], float((i / block) * 10)) << n << " " << i;
+          ASSERT_EQ(out[i], closed_form::all_gather_expected(block, i)) << n << " " << i;
       }));
     }
   }
