@@ -16,18 +16,14 @@
 // Bytes sent per rank of the p: 2P(p-1)/p; the fold adds P for the ranks in it.
 // Every rank ends with the same bytes: each segment is reduced once, by its
 // owner, and then copied.
+// Steps 1 and 2 are halving_doubling_rounds (recursive_halving.cpp), with
+// the distances in this order.
 #include <vector>
 
 #include "algorithms.h"
+#include "recursive_halving.h"
 
 namespace lockstep::comm::detail {
-namespace {
-
-struct Segment {
-  std::size_t begin, end;
-};
-
-}  // namespace
 
 void halving_doubling_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
   const int n = comm.size();
@@ -35,8 +31,7 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int extra = n - p;
-  std::uint32_t round = 0;
-  const std::uint64_t fold_tag = make_tag(seq, round++);
+  const std::uint64_t fold_tag = make_tag(seq, 0);
   const std::uint64_t unfold_tag = make_tag(seq, 0xfffe);
 
   auto scratch_bytes = comm.scratch(data.size_bytes());
@@ -55,46 +50,10 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
   const int v = r < 2 * extra ? r / 2 : r - extra;
   auto real_rank = [&](int vv) { return vv < extra ? vv * 2 : vv + extra; };
 
-  // Segments are cut in halves by element count; the path of halvings a rank
-  // takes is fixed by its bits, so both partners agree on every boundary.
-  std::vector<Segment> path;  // segment held before each halving round
-  Segment seg{0, data.size()};
-  for (int d = p / 2; d >= 1; d /= 2, ++round) {
-    const int partner = v ^ d;
-    const std::size_t mid = seg.begin + (seg.end - seg.begin) / 2;
-    const bool keep_low = (v & d) == 0;
-    const Segment keep = keep_low ? Segment{seg.begin, mid} : Segment{mid, seg.end};
-    const Segment give = keep_low ? Segment{mid, seg.end} : Segment{seg.begin, mid};
-    const std::uint64_t tag = make_tag(seq, round);
-    auto rw = comm.irecv(real_rank(partner), tag,
-                         std::as_writable_bytes(std::span<float>(tmp, keep.end - keep.begin)));
-    auto sw =
-        comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
-    rw->wait(comm.timeout());
-    reduce_into(data.subspan(keep.begin, keep.end - keep.begin),
-                std::span<const float>(tmp, keep.end - keep.begin), op);
-    sw->wait(comm.timeout());
-    path.push_back(seg);
-    seg = keep;
-  }
-  finish(data.subspan(seg.begin, seg.end - seg.begin), op, n);
-
-  // 2. Recursive doubling: retrace the halvings backwards.
-  for (int d = 1; d < p; d *= 2, ++round) {
-    const int partner = v ^ d;
-    const Segment whole = path.back();
-    path.pop_back();
-    const Segment theirs =
-        seg.begin == whole.begin ? Segment{seg.end, whole.end} : Segment{whole.begin, seg.begin};
-    const std::uint64_t tag = make_tag(seq, round);
-    auto rw = comm.irecv(real_rank(partner), tag,
-                         std::as_writable_bytes(data.subspan(theirs.begin, theirs.end - theirs.begin)));
-    auto sw =
-        comm.isend(real_rank(partner), tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
-    rw->wait(comm.timeout());
-    sw->wait(comm.timeout());
-    seg = whole;
-  }
+  // 1. and 2., from round 1 (round 0 is the fold).
+  std::vector<int> distances;  // farthest partner first
+  for (int d = p / 2; d >= 1; d /= 2) distances.push_back(d);
+  halving_doubling_rounds(comm, data, op, seq, 1, v, distances, real_rank);
 
   // 3. Unfold.
   if (r < 2 * extra) send(comm, r + 1, unfold_tag, std::as_bytes(data));

@@ -19,64 +19,24 @@
 //      halvings backwards, exchanging owned segments.
 //
 // Rounds: 2 log2 N. Bytes sent per rank: 2P(N-1)/N, as the ring.
+// Steps 1 and 2 are halving_doubling_rounds (recursive_halving.cpp), with
+// the distances in this order.
 #include <vector>
 
 #include "algorithms.h"
 #include "lockstep/error.h"
+#include "recursive_halving.h"
 
 namespace lockstep::comm::detail {
-namespace {
-
-struct Segment {
-  std::size_t begin, end;
-};
-
-}  // namespace
 
 void tree_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
   const int n = comm.size();
-  const int v = comm.rank();
   if ((n & (n - 1)) != 0) {
     throw InvalidArgument("the tree all-reduce needs a power-of-two number of ranks, not " + std::to_string(n));
   }
-  std::uint32_t round = 0;
-  auto scratch_bytes = comm.scratch(data.size_bytes());
-  auto* tmp = reinterpret_cast<float*>(scratch_bytes.data());
-
-  std::vector<Segment> path;  // segment held before each halving round
-  Segment seg{0, data.size()};
-  for (int d = 1; d < n; d *= 2, ++round) {  // 1. nearest partner first
-    const int partner = v ^ d;
-    const std::size_t mid = seg.begin + (seg.end - seg.begin) / 2;
-    const bool keep_low = (v & d) == 0;
-    const Segment keep = keep_low ? Segment{seg.begin, mid} : Segment{mid, seg.end};
-    const Segment give = keep_low ? Segment{mid, seg.end} : Segment{seg.begin, mid};
-    const std::uint64_t tag = make_tag(seq, round);
-    auto rw = comm.irecv(partner, tag, std::as_writable_bytes(std::span<float>(tmp, keep.end - keep.begin)));
-    auto sw = comm.isend(partner, tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
-    rw->wait(comm.timeout());
-    reduce_into(data.subspan(keep.begin, keep.end - keep.begin),
-                std::span<const float>(tmp, keep.end - keep.begin), op);
-    sw->wait(comm.timeout());
-    path.push_back(seg);
-    seg = keep;
-  }
-  finish(data.subspan(seg.begin, seg.end - seg.begin), op, n);
-
-  for (int d = n / 2; d >= 1; d /= 2, ++round) {  // 2. retrace
-    const int partner = v ^ d;
-    const Segment whole = path.back();
-    path.pop_back();
-    const Segment theirs =
-        seg.begin == whole.begin ? Segment{seg.end, whole.end} : Segment{whole.begin, seg.begin};
-    const std::uint64_t tag = make_tag(seq, round);
-    auto rw =
-        comm.irecv(partner, tag, std::as_writable_bytes(data.subspan(theirs.begin, theirs.end - theirs.begin)));
-    auto sw = comm.isend(partner, tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
-    rw->wait(comm.timeout());
-    sw->wait(comm.timeout());
-    seg = whole;
-  }
+  std::vector<int> distances;  // 1. nearest partner first; 2. retraces them
+  for (int d = 1; d < n; d *= 2) distances.push_back(d);
+  halving_doubling_rounds(comm, data, op, seq, 0, comm.rank(), distances, [](int v) { return v; });
 }
 
 }  // namespace lockstep::comm::detail
