@@ -58,9 +58,10 @@ fs::path make_data_dir(const std::string& name) {
 // One run of the lockstep CLI with stdout and stderr in files.
 class CliRun {
  public:
-  CliRun(const fs::path& dir, const std::vector<std::string>& args)
+  // Runs `program` (the lockstep CLI unless given, e.g. mpirun) with `args`.
+  CliRun(const fs::path& dir, const std::vector<std::string>& args, const std::string& program = LOCKSTEP_CLI)
       : out_(dir / "out.txt"), err_(dir / "err.txt") {
-    std::vector<std::string> argv_s = {LOCKSTEP_CLI};
+    std::vector<std::string> argv_s = {program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& s : argv_s) argv.push_back(s.data());
@@ -228,6 +229,52 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
     const std::string out = launched.out();
     EXPECT_NE(out.find("[rank 0]   result"), std::string::npos) << out;
     EXPECT_EQ(out.find("[rank 1]"), std::string::npos) << out;
+  }
+}
+
+#ifndef LOCKSTEP_MPIEXEC
+#define LOCKSTEP_MPIEXEC ""
+#endif
+
+// --deterministic sums in one tree over atoms, whatever carries the bytes: the
+// threads backend, our tree all-reduce over Gloo's TCP pairs, or over MPI
+// point-to-point. The final weights are the same bits on all three.
+TEST_F(LaunchTrain, DeterministicRunsAreTheSameBitsOnThreadsGlooAndMpi) {
+  const auto data = make_data_dir("deterministic");
+  const std::string mpiexec = LOCKSTEP_MPIEXEC;
+  for (int n : {4, 8}) {
+    SCOPED_TRACE("N = " + std::to_string(n));
+    const auto dir = run_dir("deterministic" + std::to_string(n));
+    const std::vector<std::string> common = {"--deterministic", "--atom", "2", "--steps", "6"};
+    auto args_saving = [&](const std::string& name) {
+      auto a = train_args(data, common);
+      a.insert(a.end(), {"--save", (dir / (name + ".safetensors")).string()});
+      return a;
+    };
+    auto threads_args = args_saving("threads");
+    threads_args.insert(threads_args.end(), {"--replicas", std::to_string(n)});
+    CliRun threads(run_dir("deterministic_threads" + std::to_string(n)), threads_args);
+    ASSERT_EQ(threads.wait(), 0) << threads.err();
+    const std::string want = read_file(dir / "threads.safetensors");
+    ASSERT_GT(want.size(), 600u);
+
+    CliRun gloo(run_dir("deterministic_gloo" + std::to_string(n)), launch_args(n, args_saving("gloo")));
+    ASSERT_EQ(gloo.wait(), 0) << gloo.err();
+    EXPECT_TRUE(read_file(dir / "gloo.safetensors") == want) << "gloo's final weights differ from threads'";
+
+    if (mpiexec.empty()) continue;  // built without the MPI backend
+    // OpenMPI refuses root (containers) unless told; shared memory between
+    // local ranks; OpenMPI keeps its allocations until exit (not ours to report).
+    for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
+    setenv("OMPI_MCA_btl", "self,vader", 0);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
+    std::vector<std::string> mpi_args = {"-np", std::to_string(n), "--oversubscribe", LOCKSTEP_CLI};
+    const auto train = args_saving("mpi");
+    mpi_args.insert(mpi_args.end(), train.begin(), train.end());
+    mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
+    CliRun mpi(run_dir("deterministic_mpi" + std::to_string(n)), mpi_args, mpiexec);
+    ASSERT_EQ(mpi.wait(), 0) << mpi.err();
+    EXPECT_TRUE(read_file(dir / "mpi.safetensors") == want) << "mpi's final weights differ from threads'";
   }
 }
 
