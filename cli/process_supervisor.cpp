@@ -301,7 +301,23 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
     }
     if (all_reaped && relays.empty()) break;
     const auto now = Clock::now();
-    if (drain_until && now >= *drain_until) break;
+    if (drain_until && now >= *drain_until) {
+      // A grandchild may hold a pipe open for ever, so stop waiting; but what
+      // the children wrote before they exited is in the pipes already (this
+      // process may have been starved of CPU for the whole drain): take it,
+      // up to 256 reads, against a grandchild that keeps writing.
+      for (int reads = 0; reads < 256 && poll(fds.data(), fds.size(), 0) > 0; ++reads) {
+        bool any = false;
+        for (std::size_t k = 1; k < fds.size(); ++k) {
+          if (fds[k].revents == 0 || !relays[k - 1]->open()) continue;
+          relays[k - 1]->on_readable();
+          any = true;
+          if (!relays[k - 1]->open()) fds[k].fd = -1;  // poll ignores it now
+        }
+        if (!any) break;
+      }
+      break;
+    }
     if (term_at && !kill_at && now >= *term_at) {
       send_all(SIGTERM);
       kill_at = now + options.grace;

@@ -42,7 +42,7 @@ std::size_t mib_to_bytes(double mb, const char* what) {
 
 // FNV-1a over the bucket layout: what every rank must agree on.
 std::uint64_t layout_hash(const std::vector<Bucket>& buckets) {
-  std::uint64_t h = 1469598103934665603ull;
+  std::uint64_t h = 14695981039346656037ull;
   auto mix = [&](std::uint64_t v) {
     for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
   };
