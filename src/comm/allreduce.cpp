@@ -96,7 +96,7 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
       case Algorithm::Tree:
         return tree_allreduce(comm, data, options.op, fp.sequence);
       default:
-        return ring_allreduce(comm, data, options.op, fp.sequence);
+        return ring_allreduce(comm, data, options.op, fp.sequence, options.ring_segment_bytes);
     }
   });
 }

@@ -1,7 +1,8 @@
 // Ring all-reduce: reduce-scatter, then all-gather, around the ring
 // rank r -> r+1 (mod N). The buffer of P bytes is cut into N chunks, and each
-// chunk into m segments of at most kRingSegmentBytes (m = 1 for chunks that
-// small), so that a segment is on the wire while the one before it is reduced.
+// chunk into m segments of at most the segment size (4 MiB unless
+// AllreduceOptions says otherwise; m = 1 for chunks that small), so that a
+// segment is on the wire while the one before it is reduced.
 //
 //   Reduce-scatter, rounds s = 0..N-2:
 //     send chunk (r-s) mod N to r+1; recv chunk (r-s-1) mod N from r-1 into
@@ -28,7 +29,8 @@
 
 namespace lockstep::comm::detail {
 
-void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
+void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq,
+                    std::size_t segment_bytes) {
   const int n = comm.size();
   const int r = comm.rank();
   const int right = (r + 1) % n;
@@ -41,7 +43,7 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
   };
   const std::size_t max_chunk = (count + n - 1) / n;
   const int rounds = 2 * (n - 1);
-  const int m = ring_segments(max_chunk * sizeof(float), rounds);
+  const int m = ring_segments(max_chunk * sizeof(float), rounds, segment_bytes);
   // Segment j of a chunk of `size` elements: the same cut on every rank.
   auto segment = [&](std::span<float> c, int j) {
     const std::size_t b = chunk_begin(c.size(), m, j);

@@ -31,6 +31,11 @@ struct AllreduceOptions {
   // gives its cost). false exists to measure that cost: mismatched calls then
   // go undetected until a timeout, or worse.
   bool verify = true;
+  // The ring sends each chunk in segments of at most this many bytes, so that
+  // one is on the wire while the one before it is reduced; 0 is the default,
+  // 4 MiB (measured across shaped links: docs/results.md). Every rank must
+  // pass the same value (message sizes differ otherwise, and the group aborts).
+  std::size_t ring_segment_bytes = 0;
 };
 
 const char* to_string(ReduceOp op);
