@@ -33,7 +33,9 @@ MpiChannel::~MpiChannel() {
   auto lock = session_->lock();
   // A communicator with a collective still pending (timed out or aborted) is
   // left to MPI_Finalize: freeing it under the collective is not allowed.
-  if (orphans_.empty()) MPI_Comm_free(&comm_);
+  // So is an aborted one, pending or not (Note [Aborted communicators are
+  // kept] in mpi_channel.h): messages may still be on their way to it.
+  if (orphans_.empty() && abort_reason_.empty()) MPI_Comm_free(&comm_);
 }
 
 void MpiChannel::poll_notice_locked() {

@@ -14,6 +14,25 @@
 // non-zero through the CLI, and mpirun tears the job down. A peer that dies
 // (SIGKILL, crash) never sends a notice: mpirun sees it exit and kills the
 // rest of the job (docs/errors.md has the measured times).
+//
+// Note [Aborted communicators are kept]: an aborted group leaves messages in
+// flight: notices to peers that had already stopped listening, sends whose
+// receives were cancelled or never posted. MPI_Comm_free would let OpenMPI
+// reuse the communicator's context id for the next MPI_Comm_dup once every
+// rank has freed it, and ob1 hands a message that arrives for a freed
+// context id to the next communicator given that id, as if it were sent on
+// it. It then either matches a receive there (a stale abort notice woke the
+// next communicator's collective with the old reason) or, we believe, puts
+// ob1's per-peer message sequence out of step, so that a later message from
+// that peer is held back as out of order and never matched (an abort notice
+// that never woke its peer, which then timed out: 1 run in 10 of
+// MpiFailure.SizeMismatchAbortsTheGroup at -np 8, none once aborted
+// communicators were kept). So the destructor frees
+// a communicator only if it was never aborted, here or by a peer; an
+// aborted one is left to MPI_Finalize, and its context id is never reused
+// (OpenMPI picks an id free on every rank, and at least this rank keeps
+// it). That costs one communicator per abort; a process normally exits soon
+// after one.
 #pragma once
 
 #include <mpi.h>
@@ -34,7 +53,7 @@ class MpiChannel {
   // Duplicates `parent` (collective over its ranks) and posts the receive
   // for abort notices.
   MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent);
-  ~MpiChannel();  // cancels what it can, frees the communicator; never throws
+  ~MpiChannel();  // cancels what it can, frees the communicator unless aborted; never throws
   MpiChannel(const MpiChannel&) = delete;
   MpiChannel& operator=(const MpiChannel&) = delete;
 
