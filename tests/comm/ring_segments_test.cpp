@@ -9,6 +9,7 @@
 #include <random>
 
 #include "lockstep/comm/collectives.h"
+#include "order_sensitive_inputs.h"
 #include "run_ranks.h"
 
 namespace lockstep::comm {
@@ -17,13 +18,8 @@ namespace {
 using testing::rethrow_first;
 using testing::run_ranks;
 
-// Inputs whose sums round differently in different orders.
 std::vector<float> inputs(int rank, std::size_t count) {
-  std::mt19937 gen(77 + rank);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(count);
-  for (auto& x : v) x = d(gen) * std::ldexp(1.0f, int(gen() % 20) - 10);
-  return v;
+  return testing::order_sensitive_inputs(77, rank, count);
 }
 
 // The naive sibling of the ring's order: element i lies in chunk c, which

@@ -8,6 +8,7 @@
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
+#include "order_sensitive_inputs.h"
 #include "run_ranks.h"
 
 namespace lockstep::comm {
@@ -23,13 +24,8 @@ float tree_sum(std::span<const float> v) {
   return tree_sum(v.first(h)) + tree_sum(v.subspan(h));
 }
 
-// Inputs whose sums round differently in different orders.
 std::vector<float> inputs(int rank, std::size_t count) {
-  std::mt19937 gen(1234 + rank);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(count);
-  for (auto& x : v) x = d(gen) * std::ldexp(1.0f, int(gen() % 20) - 10);
-  return v;
+  return testing::order_sensitive_inputs(1234, rank, count);
 }
 
 // The shared-memory path sums in the same tree (and so does its staged
