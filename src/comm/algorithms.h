@@ -2,6 +2,7 @@
 // and the element-wise kernels they share.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -25,7 +26,9 @@ inline constexpr std::size_t kRingSegmentBytes = std::size_t{4} << 20;
 inline int ring_segments(std::size_t chunk_bytes, int rounds, std::size_t segment_bytes = 0) {
   if (segment_bytes == 0) segment_bytes = kRingSegmentBytes;
   const std::size_t wanted = (chunk_bytes + segment_bytes - 1) / segment_bytes;
-  const std::size_t most = 0xffffu / static_cast<std::size_t>(rounds > 0 ? rounds : 1);
+  // At least 1 segment, so the ring always reduces (only N > 32768 makes
+  // 2(N-1) rounds overflow 16 bits, and then tags collide whatever m is).
+  const std::size_t most = std::max<std::size_t>(1, 0xffffu / static_cast<std::size_t>(rounds > 0 ? rounds : 1));
   return static_cast<int>(wanted < 1 ? 1 : wanted > most ? most : wanted);
 }
 

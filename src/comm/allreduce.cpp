@@ -77,6 +77,9 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
                                                                : Algorithm::Ring;
   }
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
+  if (algorithm == Algorithm::Ring) {  // and on the ring's segments, which cut its messages and tags
+    fp.segment_bytes = options.ring_segment_bytes != 0 ? options.ring_segment_bytes : kRingSegmentBytes;
+  }
   run_collective(comm, fp, [&] {
     if (algorithm == Algorithm::SharedMemory && (native == nullptr || !native->shares_memory())) {
       throw InvalidArgument("the shared_memory all-reduce needs the threads backend");

@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "algorithms.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -30,6 +31,9 @@ std::string describe(const Fingerprint& fp) {
   if (fp.root >= 0) s += ", root " + std::to_string(fp.root);
   s += ", seq " + std::to_string(fp.sequence);
   if (fp.algorithm != 0) s += std::string(", ") + to_string(static_cast<Algorithm>(fp.algorithm));
+  if (fp.segment_bytes != 0 && fp.segment_bytes != detail::kRingSegmentBytes) {
+    s += " in segments of " + std::to_string(fp.segment_bytes) + " bytes";
+  }
   return s + ")";
 }
 

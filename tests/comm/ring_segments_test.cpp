@@ -9,6 +9,7 @@
 #include <random>
 
 #include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
 #include "order_sensitive_inputs.h"
 #include "run_ranks.h"
 
@@ -78,6 +79,29 @@ TEST(RingSegments, LargeChunksAreReducedInRingOrderBitForBit) {
       }
     }
   }
+}
+
+// The segment size cuts the ring's messages and tags, so ranks must agree on
+// it: the fingerprint check names both calls instead of letting mismatched
+// messages meet.
+TEST(RingSegments, DifferentSegmentSizesAreACollectiveMismatch) {
+  const std::size_t count = 3 * ((std::size_t{1} << 20) / sizeof(float));
+  std::vector<std::string> what(3);
+  const auto errors = run_ranks(3, [&](Communicator& comm) {
+    std::vector<float> data(count, 1.0f);
+    const std::size_t segment = comm.rank() == 1 ? std::size_t{256} << 10 : 0;
+    try {
+      allreduce(comm, data, {.algorithm = Algorithm::Ring, .ring_segment_bytes = segment});
+    } catch (const CommAborted& e) {
+      what[comm.rank()] = e.what();
+    }
+  });
+  rethrow_first(errors);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(what[r].find("collective mismatch"), std::string::npos) << "rank " << r << ": " << what[r];
+  }
+  const std::string all = what[0] + what[1] + what[2];
+  EXPECT_NE(all.find("in segments of 262144 bytes"), std::string::npos) << all;
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ struct Fingerprint {
   std::uint64_t count = 0;      // elements per rank
   std::int32_t root = -1;       // -1 where there is none
   std::uint32_t algorithm = 0;  // the comm::Algorithm the call resolved to; 0 where there is no choice
+  std::uint64_t segment_bytes = 0;  // the ring's segment size (it cuts messages and tags); 0 for others
   bool operator==(const Fingerprint&) const = default;
 };
 

@@ -86,6 +86,10 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
     // Any other failure here stops the group now, not at the peers' deadline.
     gloo_backend::publish_abort(*store, e.what());
     throw;
+  } catch (const std::exception& e) {  // Gloo's own (a pair it cannot create), or out of memory
+    const std::string msg = "rank " + std::to_string(o.rank) + ": connecting the group failed: " + e.what();
+    gloo_backend::publish_abort(*store, msg);
+    throw CommAborted(msg);
   }
   try {
     gloo_backend::authenticate_peers(*mesh, secret, o.job_id, o.timeout);

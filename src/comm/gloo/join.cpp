@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/error.h"
+#include "sigpipe.h"
 
 namespace lockstep::comm::gloo_backend {
 namespace {
@@ -57,7 +58,11 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
+// Both run after a failure, from any thread, and a Redis store writes to its
+// socket (hiredis, no MSG_NOSIGNAL): a lost Redis connection must not kill
+// the process with SIGPIPE before the failure is reported (sigpipe.h).
 void publish_abort(RendezvousStore& store, const std::string& reason) noexcept {
+  const ScopedSigpipeBlock no_sigpipe;
   try {
     store.set_if_absent(kAbortKey, reason);
   } catch (...) {  // the store is gone: the peers learn of the abort from their broken connections
@@ -65,6 +70,7 @@ void publish_abort(RendezvousStore& store, const std::string& reason) noexcept {
 }
 
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept {
+  const ScopedSigpipeBlock no_sigpipe;
   try {
     return store.try_get(kAbortKey);
   } catch (...) {

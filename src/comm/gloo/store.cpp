@@ -43,7 +43,8 @@ class ProbingFileStore final : public gloo::rendezvous::FileStore {
     ::unlink(tmp.c_str());
     if (rc == 0) return true;
     if (err == EEXIST) return false;
-    throw IoError("cannot create " + path + ": " + std::strerror(err));
+    throw IoError("cannot create " + path + ": " + std::strerror(err) +
+                  " (a file rendezvous needs a directory whose filesystem supports hard links)");
   }
 
   std::optional<std::string> try_read(const std::string& key) {
