@@ -27,12 +27,12 @@
 // that peer is held back as out of order and never matched (an abort notice
 // that never woke its peer, which then timed out: 1 run in 10 of
 // MpiFailure.SizeMismatchAbortsTheGroup at -np 8, none once aborted
-// communicators were kept). So the destructor frees
-// a communicator only if it was never aborted, here or by a peer; an
-// aborted one is left to MPI_Finalize, and its context id is never reused
-// (OpenMPI picks an id free on every rank, and at least this rank keeps
-// it). That costs one communicator per abort; a process normally exits soon
-// after one.
+// communicators were kept). So the destructor never frees a communicator
+// this rank saw aborted (by itself, or by a peer's notice it polled): that
+// one is left to MPI_Finalize. A rank that never polled a peer's notice
+// may still free it, but the aborting rank keeps it, and OpenMPI reuses a
+// context id only once it is free on every rank. That costs one
+// communicator per abort; a process normally exits soon after one.
 #pragma once
 
 #include <mpi.h>
