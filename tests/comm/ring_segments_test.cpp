@@ -4,9 +4,8 @@
 // 2(N-1) messages per segment.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
