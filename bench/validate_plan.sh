@@ -4,15 +4,28 @@
 #
 # For each configuration: one `lockstep train` run over the modelled link,
 # then `lockstep plan` for the same model, replicas, micro-batch, link and
-# buckets, with --compute-ms set to the run's own measured compute per step
-# (so the comparison tests the communication and overlap terms, not our CPU's
-# FLOP/s). Prints a markdown table: measured and predicted step time and
-# exposed communication, and the step-time error (target: within 15%).
+# buckets. The plan's compute comes from a separate run of the same model,
+# replicas and micro-batch WITHOUT a link (its in-memory all-reduce costs
+# well under a millisecond): the plan is told that the N replicas share this
+# machine's C cores (--host-cores C) and that one replica, with a core of its
+# own, computes a step in T = that run's step time x C/N (for N > C; its step
+# time for N <= C). So what is tested is the link, the all-reduce algorithm,
+# the buckets' overlap and the sharing of cores, not our CPU's FLOP/s or what
+# N copies of the model do to its caches. The host's cost per message hand-off
+# (--host-latency) is measured once, by a 4 KiB ring all-reduce over 2C
+# replicas, two per core, so that every hand-off is a context switch as in
+# the shared runs: its time / its 2(2C-1) rounds / 2 replicas per core. Prints a markdown
+# table: measured and predicted step time and exposed communication, and the
+# step-time error (target: within 15%).
 #
-# Usage: bench/validate_plan.sh [LOCKSTEP_BINARY]   (default build/cli/lockstep)
+# Every measurement is the median of RUNS runs (default 3), the runs with and
+# without the link interleaved.
+#
+# Usage: [RUNS=3] bench/validate_plan.sh [LOCKSTEP_BINARY]   (default build/cli/lockstep)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 lockstep="${1:-$root/build/cli/lockstep}"
+runs="${RUNS:-3}"
 out="$root/build/validate_plan"
 mkdir -p "$out"
 command -v jq >/dev/null || { echo "validate_plan.sh needs jq (apt-get install jq)" >&2; exit 1; }
@@ -35,24 +48,49 @@ configs=(
   "1024,1024,1024 2 64 1Gbit 0"
 )
 
-echo "| hidden | replicas | micro-batch | link | bucket MiB | measured step ms | predicted step ms | error | measured exposed ms | predicted exposed ms |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+cores=$(nproc)
+if [ "$cores" -lt 2 ]; then echo "validate_plan.sh needs at least 2 cores" >&2; exit 1; fi
+ring_us=$("$lockstep" bench allreduce --algorithm ring --sizes 4K --replicas $((2 * cores)) --repeats 200 \
+  --json | jq '.[0].time_us')
+host_us=$(jq -n "$ring_us / (2 * (2 * $cores - 1)) / 2")
+printf "host: %s cores; a 4 KiB ring all-reduce over %s replicas takes %.1f us: --host-latency %.1fus\n\n" \
+  "$cores" $((2 * cores)) "$ring_us" "$host_us"
+echo "| hidden | replicas | micro-batch | link | bucket MiB | compute ms, a core each | measured step ms (median) | predicted step ms | error | measured exposed ms | predicted exposed ms |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+declare -A t1  # compute per step of a replica with a core of its own, by "hidden replicas micro-batch"
+median() { jq -s 'sort | .[length / 2 | floor]'; }
 worst=0
 for c in "${configs[@]}"; do
   read -r hidden n b link bucket <<<"$c"
-  report="$out/r-${hidden//,/x}-$n-$b-$link-$bucket.json"
-  "$lockstep" train --hidden "$hidden" --replicas "$n" --micro-batch "$b" --link-bandwidth "$link" \
-    --link-latency 50us --bucket-mb "$bucket" --steps 40 --report "$report" --quiet >/dev/null
-  step=$(jq '.timing.step_ms' "$report")
-  compute=$(jq '.timing.compute_ms' "$report")
-  exposed=$(jq '.timing.exposed_comm_ms' "$report")
+  key="$hidden $n $b"
+  steps=() exposeds=() locals=()
+  for ((i = 0; i < runs; i++)); do
+    if [ -z "${t1[$key]:-}" ]; then
+      local_run="$out/nolink-${hidden//,/x}-$n-$b-$i.json"
+      "$lockstep" train --hidden "$hidden" --replicas "$n" --micro-batch "$b" --steps 100 --report "$local_run" \
+        --quiet >/dev/null
+      locals+=("$(jq '.timing.step_ms' "$local_run")")
+    fi
+    report="$out/r-${hidden//,/x}-$n-$b-$link-$bucket-$i.json"
+    "$lockstep" train --hidden "$hidden" --replicas "$n" --micro-batch "$b" --link-bandwidth "$link" \
+      --link-latency 50us --bucket-mb "$bucket" --steps 40 --report "$report" --quiet >/dev/null
+    steps+=("$(jq '.timing.step_ms' "$report")")
+    exposeds+=("$(jq '.timing.exposed_comm_ms' "$report")")
+  done
+  if [ -z "${t1[$key]:-}" ]; then
+    t1[$key]=$(printf '%s\n' "${locals[@]}" | median |
+      jq --argjson n "$n" --argjson c "$cores" '. * (if $n > $c then $c / $n else 1 end)')
+  fi
+  step=$(printf '%s\n' "${steps[@]}" | median)
+  exposed=$(printf '%s\n' "${exposeds[@]}" | median)
   plan=$("$lockstep" plan --hidden "$hidden" --replicas "$n" --micro-batch "$b" --link-bandwidth "$link" \
-    --link-latency 50us --bucket-mb "$bucket" --algorithm auto --compute-ms "$compute" --json)
+    --link-latency 50us --bucket-mb "$bucket" --algorithm auto --compute-ms "${t1[$key]}" \
+    --host-cores "$cores" --host-latency "${host_us}us" --json)
   p_step=$(jq '.rows[0].step_ms' <<<"$plan")
   p_exposed=$(jq '.rows[0].exposed_comm_ms' <<<"$plan")
   err=$(jq -n "($p_step - $step) / $step * 100")
   worst=$(jq -n "[($err | if . < 0 then -. else . end), $worst] | max")
-  printf "| %s | %s | %s | %s | %s | %.2f | %.2f | %+.1f%% | %.2f | %.2f |\n" \
-    "$hidden" "$n" "$b" "$link" "$bucket" "$step" "$p_step" "$err" "$exposed" "$p_exposed"
+  printf "| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %+.1f%% | %.2f | %.2f |\n" \
+    "$hidden" "$n" "$b" "$link" "$bucket" "${t1[$key]}" "$step" "$p_step" "$err" "$exposed" "$p_exposed"
 done
 printf "\nworst step-time error: %.1f%% (target: 15%%)\n" "$worst"

@@ -19,6 +19,8 @@ namespace {
 struct PlanFlags {
   std::string model = "mlp", hidden = "512,512", profile_file, params;
   double compute_ms = 0;
+  int host_cores = 0;
+  std::string host_latency = "0";
   std::string device, device_flops, device_memory;
   std::string link_bandwidth = "10Gbit", link_latency = "50us";
   std::string intra_bandwidth = "100GB/s", intra_latency = "5us";
@@ -124,6 +126,13 @@ int run_plan(PlanFlags& f) {
   s.bucket_mb = f.bucket_mb;
   s.bf16 = f.compress == "bf16";
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
+  s.host_cores = f.host_cores;
+  try {
+    s.host_latency_s = std::chrono::duration<double>(comm::parse_latency(f.host_latency)).count();
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument("bad --host-latency '" + f.host_latency +
+                          "': expected a non-negative time with a unit, such as 16us or 0.");
+  }
   s.topology.per_node = f.per_node;
   s.topology.inter = {comm::parse_bandwidth(f.link_bandwidth),
                       std::chrono::duration<double>(comm::parse_latency(f.link_latency)).count()};
@@ -171,6 +180,14 @@ Action add_plan_command(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--nodes", f->nodes, "Nodes: plan 1 replica and per-node x 1, 2, 4 ... nodes replicas")
       ->check(CLI::Range(0, 65536));
+  cmd->add_option("--host-cores", f->host_cores,
+                  "The replicas time-share this many cores, as lockstep train's in-process replicas do "
+                  "(0: a device per replica)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--host-latency", f->host_latency,
+                  "Software cost of handing one message to the next rank, per all-reduce round, on top of "
+                  "the link's latency, e.g. 16us (lockstep bench allreduce --algorithm ring --sizes 4K "
+                  "measures it)");
   cmd->add_option("--intra-bandwidth", f->intra_bandwidth, "Bandwidth between replicas of one node");
   cmd->add_option("--intra-latency", f->intra_latency, "Latency per message between replicas of one node");
   f->replicas_opt = cmd->add_option("--replicas", f->replicas,

@@ -15,6 +15,11 @@
 
 namespace lockstep::cost {
 
+double core_sharing(int replicas, int host_cores) {
+  if (host_cores <= 0 || replicas <= host_cores) return 1;
+  return double(replicas) / double(host_cores);
+}
+
 StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   if (o.replicas < 1)
     throw InvalidArgument("replicas must be at least 1, got " + std::to_string(o.replicas) + ".");
@@ -22,11 +27,17 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     throw InvalidArgument("the micro-batch must be at least 1, got " + std::to_string(o.micro_batch) + ".");
   if (o.accumulate < 1)
     throw InvalidArgument("accumulate must be at least 1, got " + std::to_string(o.accumulate) + ".");
+  if (!(o.host_latency_s >= 0))
+    throw InvalidArgument("the host latency must be zero or positive seconds.");
+  if (o.host_cores < 0)
+    throw InvalidArgument("host cores must be zero (a device per replica) or positive, got " +
+                          std::to_string(o.host_cores) + ".");
   if (!(o.bucket_mb >= 0) || !(o.first_bucket_mb >= 0))
     throw InvalidArgument("bucket sizes must be zero or positive MiB.");
   if (profile.layers.empty() || profile.param_bytes() <= 0 || profile.micro_batch < 1)
     throw InvalidArgument("the model has no parameters, so there is nothing to all-reduce.");
 
+  const double f = core_sharing(o.replicas, o.host_cores);
   const double scale = double(o.micro_batch) / double(profile.micro_batch);
   const std::size_t n = profile.layers.size();
   StepPrediction s;
@@ -36,14 +47,17 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     fwd += l.forward_ms * scale;
     bwd += l.backward_ms * scale;
   }
-  s.forward_ms = fwd * o.accumulate;
-  s.backward_ms = bwd * o.accumulate;
-  s.optimizer_ms = profile.optimizer_ms();
+  // Shared cores: the other replicas' turns come first (f x the compute in all).
+  const double turns = (f - 1) * (fwd + bwd) * o.accumulate;
+  s.forward_ms = f * fwd * o.accumulate;
+  s.backward_ms = f * bwd * o.accumulate;
+  s.sharing = f;
+  s.optimizer_ms = f * profile.optimizer_ms();
   s.compute_ms = s.forward_ms + s.backward_ms + s.optimizer_ms;
 
   // Gradient of layer i ready at: earlier micro-steps, the last forward, and
   // backward from the last layer down to i.
-  const double last_backward_start = (o.accumulate - 1) * (fwd + bwd) + fwd;
+  const double last_backward_start = turns + (o.accumulate - 1) * (fwd + bwd) + fwd;
   std::vector<double> ready(n);
   double t = last_backward_start;
   for (std::size_t i = n; i-- > 0;) {
@@ -65,7 +79,24 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     for (auto i : b.tensors) bucket_ready = std::max(bucket_ready, ready[i]);
     // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
     const double bytes = double(b.bytes()) * (o.bf16 ? 0.5 : 1.0);
-    const CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, o.algorithm, o.reduce_bytes_per_s);
+    CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, o.algorithm, o.reduce_bytes_per_s);
+    if (c.rounds > 0) {
+      int rounds = c.rounds;
+      if (o.algorithm == Algorithm::Auto) {  // the fingerprint's ring exchange: one more message
+        ++rounds;
+        const bool one_node = o.topology.per_node >= o.replicas;  // else the ring crosses nodes
+        c.alpha_s += one_node ? o.topology.intra.latency_s : o.topology.inter.latency_s;
+      }
+      c.alpha_s += rounds * f * o.host_latency_s;
+      c.seconds = c.alpha_s + c.beta_s + c.gamma_s;
+      c.rounds = rounds;
+    }
+    if (f > 1 && f * c.gamma_s > c.seconds) {
+      // The N replicas' reductions need f x gamma of the C cores' time.
+      const double extra = f * c.gamma_s - c.seconds;
+      c.gamma_s += extra;
+      c.seconds += extra;
+    }
     BucketTime bt{.bytes = bytes, .ready_ms = bucket_ready};
     bt.start_ms = std::max(bucket_ready, stream_free);
     bt.end_ms = bt.start_ms + 1e3 * c.seconds;

@@ -245,6 +245,25 @@ TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   EXPECT_EQ(run("plan --link-bandwidth fast").code, 2);
 }
 
+// `lockstep train`'s in-process replicas on a small machine: 8 replicas on 2
+// cores compute 4 times as long per step as one, and pay the host's hand-off
+// in every round.
+TEST(Cli, PlanModelsReplicasSharingCores) {
+  const CliRun alone = run("plan --replicas 1,8 --json");
+  const CliRun shared = run("plan --replicas 1,8 --host-cores 2 --host-latency 20us --json");
+  ASSERT_EQ(alone.code, 0) << alone.output;
+  ASSERT_EQ(shared.code, 0) << shared.output;
+  const auto a = nlohmann::json::parse(alone.output)["rows"];
+  const auto s = nlohmann::json::parse(shared.output)["rows"];
+  EXPECT_DOUBLE_EQ(s[0]["compute_ms"].get<double>(), a[0]["compute_ms"].get<double>());
+  EXPECT_NEAR(s[1]["compute_ms"].get<double>(), 4 * a[1]["compute_ms"].get<double>(), 1e-9);
+  EXPECT_GT(s[1]["alpha_ms"].get<double>(), a[1]["alpha_ms"].get<double>());
+  const CliRun bad = run("plan --host-latency 5");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("bad --host-latency '5'"), std::string::npos) << bad.output;
+  EXPECT_EQ(run("plan --host-cores -1").code, 2);
+}
+
 }  // namespace
 
 namespace {

@@ -138,12 +138,99 @@ TEST(StepCost, AccumulationCommunicatesOncePerStep) {
   EXPECT_NEAR(four.exposed_comm_ms, one.exposed_comm_ms, 1e-9);  // overlap only in the last backward
 }
 
+TEST(StepCost, CoreSharing) {
+  EXPECT_EQ(core_sharing(8, 2), 4);
+  EXPECT_EQ(core_sharing(3, 2), 1.5);
+  EXPECT_EQ(core_sharing(2, 2), 1);
+  EXPECT_EQ(core_sharing(1, 2), 1);
+  EXPECT_EQ(core_sharing(8, 0), 1);  // a device per replica
+}
+
+TEST(StepCost, ReplicasSharingCoresTakeTurns) {
+  // 4 replicas on 2 cores: f = 2. One replica computes forward 2 + backward
+  // 5 = 7 ms, so the last one starts 7 ms late: its last layer's 4 MiB is
+  // ready at 7 + 2 + 2 = 11 ms and its first layer's 8 MiB at 14 ms. The ring
+  // over 4 at 1 GB/s: 6 rounds of P/4, 6.29 ms and 12.58 ms. The optimizers
+  // of all 4 (0.5 ms each) take 1 ms on 2 cores.
+  StepOptions o = two_replicas();
+  o.replicas = 4;
+  o.host_cores = 2;
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_EQ(s.sharing, 2);
+  EXPECT_NEAR(s.buckets[0].ready_ms, 11, 1e-9);
+  EXPECT_NEAR(s.buckets[0].end_ms, 11 + 6 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.buckets[1].ready_ms, 14, 1e-9);
+  EXPECT_NEAR(s.buckets[1].end_ms, 11 + 18 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.compute_ms, 2 * 7 + 2 * 0.5, 1e-9);
+  EXPECT_NEAR(s.exposed_comm_ms, 11 + 18 * kMiB / 1e6 - 14, 1e-9);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + s.exposed_comm_ms, 1e-9);
+
+  // As many cores as replicas: nobody waits, as without host_cores.
+  o.host_cores = 4;
+  StepOptions own = two_replicas();
+  own.replicas = 4;
+  EXPECT_NEAR(predict_step(p, o).step_ms, predict_step(p, own).step_ms, 1e-12);
+}
+
+TEST(StepCost, HostLatencyIsPaidEveryRoundAndEveryTurn) {
+  // Ring over 4: 6 rounds per bucket, 2 buckets. 10 us per hand-off, times
+  // f = 2 when 4 replicas share 2 cores.
+  StepOptions o = two_replicas();
+  o.replicas = 4;
+  o.bucket_mb = 0;
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const double base = predict_step(p, o).comm_ms;
+  o.host_latency_s = 10e-6;
+  EXPECT_NEAR(predict_step(p, o).comm_ms - base, 6 * 0.010, 1e-9);
+  o.host_cores = 2;
+  const StepPrediction shared = predict_step(p, o);
+  EXPECT_NEAR(shared.comm_ms - base, 6 * 2 * 0.010, 1e-9);
+  EXPECT_NEAR(shared.alpha_ms, 6 * 2 * 0.010, 1e-9);
+}
+
+TEST(StepCost, LockstepsOwnAllreduceChecksAFingerprintFirst) {
+  // Algorithm::Auto is lockstep's own all-reduce: above 64 KiB the ring, plus
+  // one message round for the fingerprint check.
+  StepOptions o = two_replicas();
+  o.replicas = 4;
+  o.bucket_mb = 0;
+  o.topology.inter.latency_s = 50e-6;
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const StepPrediction ring = predict_step(p, o);
+  o.algorithm = Algorithm::Auto;
+  const StepPrediction own = predict_step(p, o);
+  EXPECT_EQ(own.algorithm, Algorithm::Ring);
+  EXPECT_NEAR(own.alpha_ms - ring.alpha_ms, 0.050, 1e-9);
+  EXPECT_NEAR(ring.alpha_ms, 6 * 0.050, 1e-9);
+}
+
+TEST(StepCost, SharedCoresBoundTheReductions) {
+  // 8 replicas on 2 cores, one bucket, a free link: the ring's reductions
+  // (gamma = P(N-1)/N / rate) of all 8 must run on 2 cores, f = 4 x gamma.
+  StepOptions o = two_replicas();
+  o.replicas = 8;
+  o.bucket_mb = 0;
+  o.topology.inter = {1e15, 0};
+  o.reduce_bytes_per_s = 1e9;
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  const double gamma_ms = 12 * kMiB * 7 / 8 / 1e9 * 1e3;
+  EXPECT_NEAR(predict_step(p, o).gamma_ms, gamma_ms, 1e-6);
+  o.host_cores = 2;
+  const StepPrediction shared = predict_step(p, o);
+  EXPECT_NEAR(shared.comm_ms, 4 * gamma_ms, 1e-9);  // the bound, not alpha + beta + gamma
+  EXPECT_NEAR(shared.alpha_ms + shared.beta_ms + shared.gamma_ms, shared.comm_ms, 1e-9);
+}
+
 TEST(StepCost, BadOptionsAreRejected) {
   const Profile p = mlp_on_cpu(32);
   EXPECT_THROW(predict_step(p, {.replicas = 0}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.micro_batch = 0}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.accumulate = 0}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.bucket_mb = -1}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.host_cores = -1}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.host_latency_s = -1e-6}), InvalidArgument);
   EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
 }
 

@@ -10,6 +10,22 @@
 // end of backward; the optimizer starts after it.
 //
 //   step = accumulate x (forward + backward) + exposed + optimizer
+//
+// The host (docs/cost-model.md, "The host"):
+// - host_latency: the software's own cost of handing one message from one
+//   rank to the next (waking the receiver, matching, copying the header),
+//   added to every round of every all-reduce on top of the link's latency.
+// - Shared cores (host_cores = C > 0): the N replicas time-share C cores, as
+//   `lockstep train`'s in-process replicas do. With f = max(1, N/C) > 1 they
+//   take turns: the last replica starts its step's compute (f-1) x one
+//   replica's forward + backward late and then runs at full speed, so its
+//   gradients are ready at that offset plus the unshared times, and overlap
+//   can hide communication only behind its own backward. The optimizers of
+//   all N run on C cores (f x), every hand-off waits for f turns (f x
+//   host_latency per round), and an all-reduce takes at least f x its gamma
+//   term (the N replicas' reductions on C cores).
+// - lockstep's own collectives (Algorithm::Auto) check a fingerprint first:
+//   one more message round (comm/fingerprint.cpp).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +46,13 @@ struct StepOptions {
   double bucket_mb = 25;          // MiB; 0 = one bucket after backward (no overlap)
   bool bf16 = false;              // half the bytes on the wire
   double reduce_bytes_per_s = 0;  // gamma; 0 = free
+  int host_cores = 0;             // the replicas share this many cores; 0 = a device each
+  double host_latency_s = 0;      // software cost per message hand-off, per round
 };
+
+// How many times slower one replica computes when `replicas` share
+// `host_cores` cores: max(1, replicas / host_cores); 1 when host_cores is 0.
+double core_sharing(int replicas, int host_cores);
 
 struct BucketTime {
   double bytes = 0;                               // on the wire
@@ -40,6 +62,7 @@ struct BucketTime {
 struct StepPrediction {
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // per step (all micro-steps)
   double compute_ms = 0;                                     // their sum
+  double sharing = 1;                                         // core_sharing(): compute is this much slower
   double comm_ms = 0;                                        // sum of the buckets' all-reduces
   double alpha_ms = 0, beta_ms = 0, gamma_ms = 0;            // comm_ms split by term
   double exposed_comm_ms = 0;                                // past the end of backward
@@ -51,7 +74,7 @@ struct StepPrediction {
 };
 
 // Throws InvalidArgument for replicas < 1, micro_batch < 1, accumulate < 1,
-// negative bucket sizes or a profile without parameters.
+// negative host_cores, negative bucket sizes or a profile without parameters.
 StepPrediction predict_step(const Profile& profile, const StepOptions& options);
 
 }  // namespace lockstep::cost
