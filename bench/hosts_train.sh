@@ -4,9 +4,10 @@
 # HOSTS x PER_HOST ranks in test hosts on shaped links (scripts/hosts.sh),
 # meeting at a redis-server in host 0; rank 0's report (--report) gives the
 # measured step time, and `lockstep plan --nodes HOSTS --per-node PER_HOST`
-# with the same link and all-reduce predicts it twice: from its own device
-# model, and with the compute time the run measured (--compute-ms), which
-# isolates the communication model. Run by hand as root, never in CI.
+# with the same link and all-reduce predicts it three times: from its own
+# device model; with the compute time the run measured (--compute-ms), which
+# isolates the communication model; and with the ranks sharing this
+# machine's cores (--host-cores $(nproc)), as they do. Run by hand as root, never in CI.
 #
 #   bench/hosts_train.sh [--hosts 4] [--per-host 2] [--rate 1gbit] [--steps 300] [--algorithm ring]
 #                        [--out DIR] [--no-build] [-- EXTRA TRAIN FLAGS]
@@ -74,6 +75,8 @@ dp = [a for a in p['alternatives'] if a['name'] == 'data parallel'][0]
 print(f\"{dp['step_ms']:.2f}\")"; }
 own=$(predicted)
 with_compute=$(predicted --compute-ms "$compute")
+cores=$(nproc)
+shared=$(predicted --host-cores "$cores")
 echo "lockstep train --backend gloo: $hosts hosts x $per_host ranks, links $rate (tbf), $steps steps, algorithm $algorithm"
 printf '%-48s %10s\n' "" step_ms
 printf '%-48s %10.2f   (compute %.2f, comm %.2f, exposed %.2f)\n' "measured (rank 0's report, median step)" \
@@ -82,4 +85,6 @@ printf '%-48s %10.2f   (ratio measured/predicted %.2f)\n' "plan, its own compute
   "$(python3 -c "print($step / $own)")"
 printf '%-48s %10.2f   (ratio measured/predicted %.2f)\n' "plan, with the measured compute (--compute-ms)" \
   "$with_compute" "$(python3 -c "print($step / $with_compute)")"
-echo "plan: lockstep plan ${plan_args[*]} [--compute-ms $compute]"
+printf '%-48s %10.2f   (ratio measured/predicted %.2f)\n' "plan, the ranks sharing $cores cores (--host-cores)" \
+  "$shared" "$(python3 -c "print($step / $shared)")"
+echo "plan: lockstep plan ${plan_args[*]} [--compute-ms $compute | --host-cores $cores]"
