@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The multi-host all-reduce bar (issue 7): test hosts on shaped links
 # (scripts/hosts.sh), ranks spread over them, and one size timed three ways:
-#   lockstep ring   `lockstep bench allreduce --backend gloo --algorithm ring` (our ring over Gloo's TCP pairs)
+#   lockstep auto   `lockstep bench allreduce --backend gloo --algorithm auto`: what lockstep chooses, the
+#                   hierarchical all-reduce when ranks share hosts (a ring inside each host, rings across)
+#   lockstep ring   the same with --algorithm ring (one flat ring over Gloo's TCP pairs)
 #   gloo native     the same command with --algorithm native (Gloo's own all-reduce)
 #   openmpi         MPI_Allreduce (bench/peers/mpi_allreduce.cpp) under mpirun, which starts its daemons
 #                   in the other hosts through `scripts/hosts.sh rsh` (an ssh stand-in)
@@ -14,8 +16,8 @@
 #                            [--repeats N] [--out DIR] [--no-build] [--impls ring,native,...]
 # --rate none leaves the links unshaped: what the machine's cores allow.
 #
-# Each run starts fresh hosts for each implementation, in the order ring,
-# native, openmpi, openmpi ring; the table shows the median of the runs and each run's
+# Each run starts fresh hosts for each implementation, in the order given by
+# --impls (default auto, ring, native, openmpi, openmpi ring); the table shows the median of the runs and each run's
 # times. busbw = 2 (N-1)/N x bytes / time, as nccl-tests: for a ring it is the
 # rate each host's link carries, so the bar compares it with the link rate:
 # ours >= 0.85 of it, and at least as fast as both peers.
@@ -56,7 +58,8 @@ if [ "${1:-}" = "__host" ]; then
 fi
 
 # --- the driver -------------------------------------------------------------
-hosts=4 per_host=2 rate=1gbit size=64M runs=3 repeats="" out="" build_first=1 impl_list=ring,native,openmpi,openmpi_ring
+hosts=4 per_host=2 rate=1gbit size=64M runs=3 repeats="" out="" build_first=1
+impl_list=auto,ring,native,openmpi,openmpi_ring
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -109,13 +112,14 @@ def result(run, impl):
     else:
         row = json.load(open(f"{out}/run{run}-{impl}/result.json"))[0]
     return row["bytes"], row["time_us"] / 1e6
-names = {"ring": "lockstep ring (gloo pairs)", "native": "gloo native", "openmpi": "openmpi MPI_Allreduce",
+names = {"auto": "lockstep auto", "hierarchical": "lockstep hierarchical", "ring": "lockstep ring (gloo pairs)", "native": "gloo native", "openmpi": "openmpi MPI_Allreduce",
          "openmpi_ring": "openmpi, ring forced"}
 print(f"all-reduce (float sum) of {size} per rank: {hosts} hosts x {per_host} ranks, "
       + (f"links {rate} each way (tbf)" if link else "links unshaped") + f", {runs} runs")
 print(f"{'implementation':<28} {'time_ms':>9} {'busbw_Gbit/s':>13} {'of_link':>8}   runs (time_ms)")
 med = {}
-for impl in [i for i in ("ring", "native", "openmpi", "openmpi_ring") if i in sys.argv[7].split(",")]:
+for impl in [i for i in ("auto", "hierarchical", "ring", "native", "openmpi", "openmpi_ring")
+             if i in sys.argv[7].split(",")]:
     times = [result(r, impl)[1] for r in range(runs)]
     nbytes = result(0, impl)[0]
     t = statistics.median(times)
@@ -123,12 +127,13 @@ for impl in [i for i in ("ring", "native", "openmpi", "openmpi_ring") if i in sy
     med[impl] = (t, busbw)
     print(f"{names[impl]:<28} {t * 1e3:9.1f} {busbw / 1e9:13.3f} {busbw / link if link else 0:8.3f}   "
           + " ".join(f"{x * 1e3:.1f}" for x in times))
-if {"ring", "native", "openmpi", "openmpi_ring"} <= med.keys():
-    ours = med["ring"]
+ours_name = "auto" if "auto" in med else "ring"
+if {ours_name, "native", "openmpi", "openmpi_ring"} <= med.keys():
+    ours = med[ours_name]
     ok_link = link is not None and ours[1] >= 0.85 * link
     mpi = min(med["openmpi"][0], med["openmpi_ring"][0])
     ok_peers = ours[0] <= min(med["native"][0], mpi)
-    print(f"bar: busbw >= 0.85 of the link: {'yes' if ok_link else 'NO'} ({ours[1] / link if link else 0:.3f}); "
+    print(f"bar (ours = {names[ours_name]}): busbw >= 0.85 of the link: {'yes' if ok_link else 'NO'} ({ours[1] / link if link else 0:.3f}); "
           f"at least as fast as gloo native and openmpi: {'yes' if ok_peers else 'NO'} "
           f"(x{med['native'][0] / ours[0]:.2f}, x{mpi / ours[0]:.2f})")
 EOF

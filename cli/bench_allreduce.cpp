@@ -196,7 +196,7 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
-      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree"}));
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")
       ->check(CLI::Range(0, 100000));
   cmd->add_flag("--no-verify", flags->no_verify, "Skip the fingerprint check (to measure what it costs)");

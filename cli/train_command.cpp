@@ -391,7 +391,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
-      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree"}));
+      ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
       ->check(CLI::Range(0.001, 1e6));
   cmd->add_option(

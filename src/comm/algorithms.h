@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "lockstep/comm/collectives.h"
 
@@ -47,6 +49,22 @@ inline std::size_t chunk_begin(std::size_t count, int n, int i) {
   return count * static_cast<std::size_t>(i) / static_cast<std::size_t>(n);
 }
 
+// A ring over some of the communicator's ranks: `ranks` in ring order,
+// `ranks[me]` is this rank. Its tags start at round `first_tag`, so that
+// several rings of one collective never share a tag.
+struct RingGroup {
+  std::span<const int> ranks;
+  int me = 0;
+  int first_tag = 0;
+};
+
+// Rounds [first, last) of the ring all-reduce over `group` (0 .. n-2: the
+// reduce-scatter, after which ranks[me] holds chunk (me+1) mod n reduced;
+// n-1 .. 2n-3: the all-gather of those chunks). With op Mean and
+// mean_over > 0 the completed chunk is scaled by 1/mean_over.
+void ring_rounds(Communicator& comm, const RingGroup& group, std::span<float> data, ReduceOp op,
+                 std::uint64_t sequence, std::size_t segment_bytes, int first, int last, int mean_over);
+
 // The algorithms proper; the front door has numbered the call (`sequence`)
 // and checked its fingerprint.
 void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence,
@@ -55,6 +73,20 @@ void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std
 void halving_doubling_allreduce(Communicator& comm, std::span<float> data, ReduceOp op,
                                 std::uint64_t sequence);
 void tree_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence);
+
+// Which ranks share a node: `members[k]` are node k's ranks in rank order,
+// nodes numbered by their lowest rank. nullopt when the backend does not say
+// (Communicator::nodes() is empty) or the nodes hold different numbers of ranks.
+struct NodeLayout {
+  int nodes = 0, per_node = 0;
+  std::vector<std::vector<int>> members;
+};
+std::optional<NodeLayout> node_layout(const Communicator& comm);
+// node_layout(), or InvalidArgument naming what the hierarchical all-reduce needs.
+NodeLayout require_node_layout(const Communicator& comm);
+// Throws InvalidArgument when node_layout() is nullopt.
+void hierarchical_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence,
+                            std::size_t segment_bytes = 0);
 
 // The front door with the kind of collective it serves (barrier is an
 // all-reduce of one float under its own name).

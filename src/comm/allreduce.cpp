@@ -38,17 +38,20 @@ const char* to_string(Algorithm algorithm) {
       return "native";
     case Algorithm::Tree:
       return "tree";
+    case Algorithm::Hierarchical:
+      return "hierarchical";
   }
   return "?";
 }
 
 Algorithm algorithm_from_string(std::string_view name) {
   for (auto a : {Algorithm::Auto, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Naive,
-                 Algorithm::SharedMemory, Algorithm::Native, Algorithm::Tree}) {
+                 Algorithm::SharedMemory, Algorithm::Native, Algorithm::Tree, Algorithm::Hierarchical}) {
     if (name == to_string(a)) return a;
   }
   throw InvalidArgument("unknown all-reduce algorithm '" + std::string(name) +
-                        "'; the choices are auto, ring, halving_doubling, naive, shared_memory, native, tree");
+                        "'; the choices are auto, ring, halving_doubling, naive, shared_memory, native, tree, "
+                        "hierarchical");
 }
 
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {
@@ -70,14 +73,22 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
     // Where the backend shares memory, its native path moves the least memory
     // and synchronises twice; otherwise the ring for large buffers (bandwidth-
     // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
-    // 2(N-1)). The rule and its measurements: docs/algorithms.md.
+    // 2(N-1)); the ring becomes hierarchical when the ranks sit on several
+    // nodes of equal size (fewer bytes through each node's link, fewer
+    // rounds). The rule and its measurements: docs/algorithms.md.
     const bool shared = native != nullptr && native->shares_memory();
+    const auto layout = shared ? std::nullopt : node_layout(comm);
+    const bool hierarchy = layout && layout->nodes > 1 && layout->per_node > 1;
     algorithm = shared                                         ? Algorithm::SharedMemory
                 : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
+                : hierarchy                                    ? Algorithm::Hierarchical
                                                                : Algorithm::Ring;
   }
+  // Every rank sees the same nodes(), so every rank refuses alike, before any message.
+  if (algorithm == Algorithm::Hierarchical) require_node_layout(comm);
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
-  if (algorithm == Algorithm::Ring) {  // and on the ring's segments, which cut its messages and tags
+  if (algorithm == Algorithm::Ring || algorithm == Algorithm::Hierarchical) {
+    // and on the ring's segments, which cut its messages and tags
     fp.segment_bytes = options.ring_segment_bytes != 0 ? options.ring_segment_bytes : kRingSegmentBytes;
   }
   run_collective(comm, fp, [&] {
@@ -98,6 +109,8 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
         return halving_doubling_allreduce(comm, data, options.op, fp.sequence);
       case Algorithm::Tree:
         return tree_allreduce(comm, data, options.op, fp.sequence);
+      case Algorithm::Hierarchical:
+        return hierarchical_allreduce(comm, data, options.op, fp.sequence, options.ring_segment_bytes);
       default:
         return ring_allreduce(comm, data, options.op, fp.sequence, options.ring_segment_bytes);
     }

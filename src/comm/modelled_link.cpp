@@ -280,6 +280,7 @@ class ModelledLinkCommunicator final : public Communicator {
   void abort(const std::string& reason) override { inner_->abort(reason); }
   std::string abort_reason() const override { return inner_->abort_reason(); }
   CommStats stats() const override { return inner_->stats(); }
+  std::vector<int> nodes() const override { return inner_->nodes(); }
 
   // A backend that compares fingerprints in shared memory (it also has a
   // native all-reduce) sends no message, so there is nothing to model.

@@ -22,6 +22,10 @@
 //
 // Rounds: 2(N-1). Bytes sent per rank: 2(N-1) chunks = 2P(N-1)/N, in
 // 2(N-1)m messages. Latency term: about 2(N-1) + m - 1 message latencies.
+//
+// ring_rounds runs any range of those rounds over any ring of ranks (a
+// RingGroup), so that the hierarchical all-reduce can reduce-scatter inside
+// a node, all-reduce across nodes and all-gather inside the node again.
 #include <memory>
 #include <vector>
 
@@ -29,12 +33,12 @@
 
 namespace lockstep::comm::detail {
 
-void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq,
-                    std::size_t segment_bytes) {
-  const int n = comm.size();
-  const int r = comm.rank();
-  const int right = (r + 1) % n;
-  const int left = (r - 1 + n) % n;
+void ring_rounds(Communicator& comm, const RingGroup& g, std::span<float> data, ReduceOp op,
+                 std::uint64_t seq, std::size_t segment_bytes, int first, int last, int mean_over) {
+  const int n = static_cast<int>(g.ranks.size());
+  const int r = g.me;
+  const int right = g.ranks[static_cast<std::size_t>((r + 1) % n)];
+  const int left = g.ranks[static_cast<std::size_t>((r - 1 + n) % n)];
   const std::size_t count = data.size();
   auto chunk = [&](int i) {
     i = ((i % n) + n) % n;
@@ -43,36 +47,41 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
   };
   const std::size_t max_chunk = (count + n - 1) / n;
   const int rounds = 2 * (n - 1);
-  const int m = ring_segments(max_chunk * sizeof(float), rounds, segment_bytes);
+  const int m = ring_segments(max_chunk * sizeof(float), g.first_tag + rounds, segment_bytes);
   // Segment j of a chunk of `size` elements: the same cut on every rank.
   auto segment = [&](std::span<float> c, int j) {
     const std::size_t b = chunk_begin(c.size(), m, j);
     return c.subspan(b, chunk_begin(c.size(), m, j + 1) - b);
   };
-  auto tag = [&](int round, int j) { return make_tag(seq, static_cast<std::uint32_t>(round * m + j)); };
+  auto tag = [&](int round, int j) {
+    return make_tag(seq, static_cast<std::uint32_t>((g.first_tag + round) * m + j));
+  };
   auto scratch_bytes = comm.scratch(2 * max_chunk * sizeof(float));
   auto* scratch = reinterpret_cast<float*>(scratch_bytes.data());
   auto landing = [&](int round) -> std::span<float> {  // where round's segments arrive
     if (round >= n - 1) return chunk(r - (round - (n - 1)));  // all-gather: in place
     return {scratch + (round % 2) * max_chunk, chunk(r - round - 1).size()};
   };
+  // What round s sends: the reduce-scatter starts with our own chunk, the
+  // all-gather with the chunk the reduce-scatter completed here.
+  auto sent_in = [&](int round) { return round < n - 1 ? chunk(r - round) : chunk(r + 1 - (round - (n - 1))); };
 
   using Works = std::vector<std::unique_ptr<Work>>;
   std::vector<Works> recvs(rounds), sends(rounds);
   auto post_recvs = [&](int round) {
-    if (round >= rounds) return;
+    if (round >= last) return;
     auto into = landing(round);
     for (int j = 0; j < m; ++j)
       recvs[round].push_back(comm.irecv(left, tag(round, j), std::as_writable_bytes(segment(into, j))));
   };
   auto post_send = [&](int round, std::span<const float> seg, int j) {
-    if (round < rounds) sends[round].push_back(comm.isend(right, tag(round, j), std::as_bytes(seg)));
+    if (round < last) sends[round].push_back(comm.isend(right, tag(round, j), std::as_bytes(seg)));
   };
 
-  post_recvs(0);
-  post_recvs(1);
-  for (int j = 0; j < m; ++j) post_send(0, segment(chunk(r), j), j);
-  for (int round = 0; round < rounds; ++round) {
+  post_recvs(first);
+  post_recvs(first + 1);
+  for (int j = 0; j < m; ++j) post_send(first, segment(sent_in(first), j), j);
+  for (int round = first; round < last; ++round) {
     const bool reducing = round < n - 1;
     auto in = reducing ? chunk(r - round - 1) : chunk(r - (round - (n - 1)));
     auto arrived = landing(round);
@@ -81,7 +90,7 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
       auto seg = segment(in, j);
       if (reducing) {
         reduce_into(seg, segment(arrived, j), op);
-        if (round == n - 2) finish(seg, op, n);  // chunk (r+1) is complete: the first one all-gathered
+        if (round == n - 2 && mean_over > 0) finish(seg, op, mean_over);  // chunk (r+1) is complete
       }
       post_send(round + 1, seg, j);  // round+1 sends what round received
     }
@@ -89,6 +98,14 @@ void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std:
     // Round+2 lands where round did (scratch), or later in place: post it now.
     post_recvs(round + 2);
   }
+}
+
+void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq,
+                    std::size_t segment_bytes) {
+  const int n = comm.size();
+  std::vector<int> everyone(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) everyone[static_cast<std::size_t>(i)] = i;
+  ring_rounds(comm, {everyone, comm.rank(), 0}, data, op, seq, segment_bytes, 0, 2 * (n - 1), n);
 }
 
 }  // namespace lockstep::comm::detail

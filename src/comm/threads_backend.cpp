@@ -94,8 +94,15 @@ class ThreadWork final : public Work {
 
 class ThreadCommunicator final : public Communicator, private NativeAllreduce {
  public:
-  ThreadCommunicator(std::shared_ptr<Hub> hub, int rank, int size)
-      : hub_(std::move(hub)), rank_(rank), size_(size) {}
+  ThreadCommunicator(std::shared_ptr<Hub> hub, int rank, int size, int ranks_per_node)
+      : hub_(std::move(hub)), rank_(rank), size_(size), ranks_per_node_(ranks_per_node) {}
+
+  std::vector<int> nodes() const override {
+    if (ranks_per_node_ <= 0) return {};
+    std::vector<int> out(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) out[static_cast<std::size_t>(r)] = r / ranks_per_node_;
+    return out;
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -190,6 +197,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   std::shared_ptr<Hub> hub_;
   int rank_;
   int size_;
+  int ranks_per_node_;
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<std::uint64_t> messages_sent_{0};
@@ -201,10 +209,14 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(const ThreadGroupOp
   if (options.world_size < 1 || options.world_size > 1024) {
     throw InvalidArgument("a thread group needs 1 to 1024 ranks, got " + std::to_string(options.world_size));
   }
+  if (options.ranks_per_node < 0) {
+    throw InvalidArgument("ranks per node must be 0 (unknown) or positive, got " +
+                          std::to_string(options.ranks_per_node));
+  }
   auto hub = std::make_shared<Hub>(options.world_size);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < options.world_size; ++r) {
-    comms.push_back(std::make_unique<ThreadCommunicator>(hub, r, options.world_size));
+    comms.push_back(std::make_unique<ThreadCommunicator>(hub, r, options.world_size, options.ranks_per_node));
     comms.back()->set_timeout(options.timeout);
   }
   return comms;

@@ -22,6 +22,7 @@ enum class Algorithm {
   Native,           // the transport library's own all-reduce (Gloo's, MPI_Allreduce), for comparison
   Tree,             // halving from the nearest partner out: one balanced tree over ranks, the same bits as
                     // one rank summing in order (bit-exact training); powers of two only
+  Hierarchical,     // ring inside each node, ring across nodes; needs Communicator::nodes()
 };
 
 struct AllreduceOptions {

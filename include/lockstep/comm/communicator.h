@@ -115,6 +115,11 @@ class Communicator {
   // with shared memory compares them in place.
   virtual void check_fingerprint(const Fingerprint& fp);
 
+  // The node (machine) of every rank, indexed by rank: ranks with equal
+  // numbers share a node. Empty when the backend cannot tell. Every rank of
+  // a group returns the same vector.
+  virtual std::vector<int> nodes() const { return {}; }
+
   // The backend's native all-reduce, or null if it has none.
   virtual NativeAllreduce* native_allreduce() { return nullptr; }
 

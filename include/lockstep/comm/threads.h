@@ -16,6 +16,10 @@ namespace lockstep::comm {
 struct ThreadGroupOptions {
   int world_size = 1;
   Duration timeout{std::chrono::seconds(60)};  // default for blocking calls
+  // 0: the ranks say nothing of nodes (Communicator::nodes() is empty).
+  // G > 0: ranks r and s are on one node when r / G == s / G, to try the
+  // hierarchical all-reduce, or to model nodes over a modelled link.
+  int ranks_per_node = 0;
 };
 
 // Creates `world_size` connected communicators, one per rank, to be handed to

@@ -195,6 +195,8 @@ CommStats GlooCommunicator::stats() const {
   return {bytes_sent_.load(), bytes_received_.load(), messages_sent_.load()};
 }
 
+std::vector<int> GlooCommunicator::nodes() const { return mesh_->nodes(); }
+
 void GlooCommunicator::check_fingerprint(const Fingerprint& fp) {
   try {
     Communicator::check_fingerprint(fp);

@@ -49,6 +49,7 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   CommStats stats() const override;
   void check_fingerprint(const Fingerprint& fp) override;
   NativeAllreduce* native_allreduce() override { return this; }
+  std::vector<int> nodes() const override;
 
   // For GlooWork: a wait that failed with Gloo's message `what`. Throws.
   [[noreturn]] void transport_failed(const std::string& op, int peer, std::uint64_t tag,

@@ -150,6 +150,28 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
+  // Nodes: the host part of each rank's published address ("[ip]:port").
+  std::vector<std::string> hosts(size);
+  for (int i = 0; i < size; ++i) {
+    const std::vector<char>* bytes = nullptr;
+    if (i == rank) {
+      for (int j = 0; j < size && bytes == nullptr; ++j)
+        if (j != rank) bytes = &mine[j];
+    } else {
+      bytes = &theirs[i][rank];
+    }
+    if (bytes == nullptr) continue;  // a group of one
+    const std::string a = Address(*bytes).str();
+    hosts[i] = a.substr(0, a.rfind(':'));
+  }
+  std::vector<std::string> distinct;
+  nodes_.assign(size, 0);
+  for (int i = 0; i < size; ++i) {
+    const auto it = std::find(distinct.begin(), distinct.end(), hosts[i]);
+    nodes_[i] = static_cast<int>(it - distinct.begin());
+    if (it == distinct.end()) distinct.push_back(hosts[i]);
+  }
+
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
     const Address published(theirs[i][rank]);

@@ -42,8 +42,15 @@ class Mesh final : public gloo::Context {
   // Closes every connection and wakes every waiter (Note [Closing the mesh]). Never throws.
   void close_all() noexcept;
 
+  // The node of every rank: ranks that published the same IP address (they
+  // listen on one host's interface) share a node, numbered in order of their
+  // lowest rank. Every rank computes it from the same published addresses,
+  // so all agree. Valid after connect().
+  const std::vector<int>& nodes() const { return nodes_; }
+
  private:
   std::vector<std::string> peer_addresses_;
+  std::vector<int> nodes_;
 };
 
 }  // namespace lockstep::comm::gloo_backend
