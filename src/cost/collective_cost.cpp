@@ -198,9 +198,13 @@ CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topolo
       return total(tree(bytes, shape, topology, gamma));
     case Algorithm::Hierarchical:
       return total(hierarchical(bytes, shape, topology, gamma));
-    case Algorithm::Auto:
+    case Algorithm::Auto: {
+      // comm::Algorithm::Auto: across several nodes of equal size, the hierarchical all-reduce.
+      const bool even_nodes = shape.m > 1 && shape.g > 1 && replicas % per_node == 0;
       return total(bytes < kAutoSwitchBytes ? halving_doubling(bytes, shape, topology, gamma)
+                   : even_nodes             ? hierarchical(bytes, shape, topology, gamma)
                                             : ring(bytes, shape, topology, gamma));
+    }
     case Algorithm::Best:
       break;
   }

@@ -84,6 +84,11 @@ TEST(CollectiveCost, BestIsNeverWorseAndAutoFollowsTheTrainer) {
     }
   EXPECT_EQ(allreduce_cost(1000, 8, flat(), Algorithm::Auto).algorithm, Algorithm::HalvingDoubling);
   EXPECT_EQ(allreduce_cost(1 << 20, 8, flat(), Algorithm::Auto).algorithm, Algorithm::Ring);
+  // Several nodes of equal size: the hierarchical all-reduce, as comm::Algorithm::Auto.
+  EXPECT_EQ(allreduce_cost(1 << 20, 8, t, Algorithm::Auto).algorithm, Algorithm::Hierarchical);
+  EXPECT_EQ(allreduce_cost(1000, 8, t, Algorithm::Auto).algorithm, Algorithm::HalvingDoubling);
+  EXPECT_EQ(allreduce_cost(1 << 20, 6, t, Algorithm::Auto).algorithm, Algorithm::Ring);  // nodes of 4 and 2
+  EXPECT_EQ(allreduce_cost(1 << 20, 4, t, Algorithm::Auto).algorithm, Algorithm::Ring);  // one node
 }
 
 TEST(CollectiveCost, OneReplicaOrNoBytesCostsNothing) {

@@ -33,7 +33,8 @@ enum class Algorithm {
   HalvingDoubling,  // Rabenseifner: recursive halving, then doubling (a fold when N is not 2^k)
   Tree,             // pipelined double binary tree (NCCL): log-depth latency, 2P on the bottleneck link
   Hierarchical,     // ring reduce-scatter in nodes, ring all-reduce across nodes, ring all-gather in nodes
-  Auto,             // what `lockstep train --algorithm auto` does point to point: HD below 64 KiB, else ring
+  Auto,             // what `lockstep train --algorithm auto` does point to point: HD below 64 KiB, else the
+                    // hierarchical all-reduce across several nodes of equal size, else the ring
   Best,             // the cheapest of the first four for this size
 };
 const char* to_string(Algorithm algorithm);
