@@ -155,6 +155,10 @@ int run(std::map<std::string, std::string>& a) {
   o.rendezvous_timeout = std::chrono::milliseconds(
       std::stoi(a.count("--rendezvous-timeout-ms") ? a["--rendezvous-timeout-ms"] : "30000"));
   if (a.count("--secret-file")) o.secret_file = a["--secret-file"];
+  // --per-node G: pretend ranks r and s share a node when r / G == s / G, by
+  // binding each node's ranks to their own loopback address (127.0.0.1 + r/G).
+  const int per_node = a.count("--per-node") ? std::stoi(a["--per-node"]) : 0;
+  if (per_node > 0) o.bind = "127.0.0." + std::to_string(1 + o.rank / per_node);
   if (a.count("--job-id")) o.job_id = a["--job-id"];
   const std::string scenario = a["--scenario"], dir = a["--dir"];
   const int iterations = a.count("--iterations") ? std::stoi(a["--iterations"]) : 1000;
@@ -162,6 +166,11 @@ int run(std::map<std::string, std::string>& a) {
   auto comm = connect(Backend::Gloo, o);
   if (scenario == "grid") {  // --algorithm A: the all-reduce grid of A; "others": the other collectives
     const std::string algorithm = a["--algorithm"];
+    if (per_node > 0) {  // the nodes the communicator reports are the ones we bound
+      std::vector<int> want(static_cast<std::size_t>(o.world_size));
+      for (int r = 0; r < o.world_size; ++r) want[static_cast<std::size_t>(r)] = r / per_node;
+      check(comm->nodes() == want, "nodes() does not follow the bound addresses");
+    }
     algorithm == "others" ? other_collectives(*comm)
                           : allreduce_grid(*comm, algorithm_from_string(algorithm));
   } else if (scenario == "allreduce") {
