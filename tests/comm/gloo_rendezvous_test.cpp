@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "gloo_group.h"
+#include "redis_server.h"
 #include "temp_dir_test.h"
 
 namespace lockstep::testing {
@@ -26,45 +27,13 @@ std::string contains_msg(const RankExit& e) {
   return "log:\n" + e.log;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-bool accepts_connections(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  ::close(fd);
-  return ok;
-}
-
 TEST_F(GlooRendezvous, RedisStoreWithARealServer) {
-  const char* server = "/usr/bin/redis-server";
-  if (!std::filesystem::exists(server)) {
+  if (!std::filesystem::exists(kRedisServer)) {
     GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
   }
-  const int port = free_port();
   GlooGroup redis(dir_);
-  redis.spawn_program({server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
-                       "--appendonly", "no", "--dir", dir_.string()},
-                      "redis.log");
-  const auto give_up = std::chrono::steady_clock::now() + 20s;
-  while (!accepts_connections(port)) {
-    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "redis-server did not start on port " << port;
-    std::this_thread::sleep_for(10ms);
-  }
+  const int port = start_redis(redis, dir_);
+  ASSERT_NE(port, 0);
   GlooGroup group(dir_);
   group.spawn_all(3, {"--world-size", "3", "--rendezvous", "redis://127.0.0.1:" + std::to_string(port),
                       "--scenario", "allreduce", "--job-id", "redis-test-" + std::to_string(::getpid())});
