@@ -79,23 +79,25 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     for (auto i : b.tensors) bucket_ready = std::max(bucket_ready, ready[i]);
     // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
     const double bytes = double(b.bytes()) * (o.bf16 ? 0.5 : 1.0);
-    CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, o.algorithm, o.reduce_bytes_per_s);
-    if (c.rounds > 0) {
-      int rounds = c.rounds;
-      if (o.algorithm == Algorithm::Auto) {  // the fingerprint's ring exchange: one more message
-        ++rounds;
-        const bool one_node = o.topology.per_node >= o.replicas;  // else the ring crosses nodes
-        c.alpha_s += one_node ? o.topology.intra.latency_s : o.topology.inter.latency_s;
-      }
-      c.alpha_s += rounds * f * o.host_latency_s;
+    // The host's terms on top of the link's: f x h per round, and the N
+    // replicas' reductions on C cores (at least f x gamma).
+    auto on_this_host = [&](Algorithm a) {
+      CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, a, o.reduce_bytes_per_s);
+      c.alpha_s += c.rounds * f * o.host_latency_s;
       c.seconds = c.alpha_s + c.beta_s + c.gamma_s;
-      c.rounds = rounds;
-    }
-    if (f > 1 && f * c.gamma_s > c.seconds) {
-      // The N replicas' reductions need f x gamma of the C cores' time.
-      const double extra = f * c.gamma_s - c.seconds;
-      c.gamma_s += extra;
-      c.seconds += extra;
+      if (f > 1 && f * c.gamma_s > c.seconds) {
+        const double extra = f * c.gamma_s - c.seconds;
+        c.gamma_s += extra;
+        c.seconds += extra;
+      }
+      return c;
+    };
+    CollectiveCost c = on_this_host(o.algorithm);
+    if (o.algorithm == Algorithm::Best) {  // the cheapest with the host's terms, not before them
+      for (Algorithm a : {Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Tree, Algorithm::Hierarchical}) {
+        const CollectiveCost other = on_this_host(a);
+        if (other.seconds < c.seconds * (1 - 1e-12)) c = other;
+      }
     }
     BucketTime bt{.bytes = bytes, .ready_ms = bucket_ready};
     bt.start_ms = std::max(bucket_ready, stream_free);

@@ -190,20 +190,24 @@ TEST(StepCost, HostLatencyIsPaidEveryRoundAndEveryTurn) {
   EXPECT_NEAR(shared.alpha_ms, 6 * 2 * 0.010, 1e-9);
 }
 
-TEST(StepCost, LockstepsOwnAllreduceChecksAFingerprintFirst) {
-  // Algorithm::Auto is lockstep's own all-reduce: above 64 KiB the ring, plus
-  // one message round for the fingerprint check.
-  StepOptions o = two_replicas();
-  o.replicas = 4;
-  o.bucket_mb = 0;
-  o.topology.inter.latency_s = 50e-6;
-  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
-  const StepPrediction ring = predict_step(p, o);
-  o.algorithm = Algorithm::Auto;
-  const StepPrediction own = predict_step(p, o);
-  EXPECT_EQ(own.algorithm, Algorithm::Ring);
-  EXPECT_NEAR(own.alpha_ms - ring.alpha_ms, 0.050, 1e-9);
-  EXPECT_NEAR(ring.alpha_ms, 6 * 0.050, 1e-9);
+TEST(StepCost, BestChoosesWithTheHostsTerms) {
+  // 6 replicas on 2 cores (f = 3), 100 Gbit/s at 5 us, one 1 MiB bucket,
+  // 19 us per hand-off: on the link alone the ring (10 rounds) is cheapest,
+  // but with f x 19 us per round the tree's fewer rounds win.
+  const Profile p = two_layers(1 << 20, 3, 0, 0);
+  StepOptions o{.replicas = 6, .micro_batch = 1, .topology = {.inter = {12.5e9, 5e-6}}, .bucket_mb = 0,
+                .reduce_bytes_per_s = 1e12};
+  o.algorithm = Algorithm::Best;
+  EXPECT_EQ(predict_step(p, o).algorithm, Algorithm::Ring);
+  o.host_cores = 2;
+  o.host_latency_s = 19e-6;
+  const StepPrediction best = predict_step(p, o);
+  for (Algorithm a : {Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Tree, Algorithm::Hierarchical}) {
+    StepOptions one = o;
+    one.algorithm = a;
+    EXPECT_LE(best.comm_ms, predict_step(p, one).comm_ms * (1 + 1e-12)) << to_string(a);
+  }
+  EXPECT_NE(best.algorithm, Algorithm::Ring);
 }
 
 TEST(StepCost, SharedCoresBoundTheReductions) {

@@ -24,8 +24,7 @@
 //   all N run on C cores (f x), every hand-off waits for f turns (f x
 //   host_latency per round), and an all-reduce takes at least f x its gamma
 //   term (the N replicas' reductions on C cores).
-// - lockstep's own collectives (Algorithm::Auto) check a fingerprint first:
-//   one more message round (comm/fingerprint.cpp).
+// With either, Algorithm::Best is the cheapest once these terms are added.
 #pragma once
 
 #include <cstdint>
