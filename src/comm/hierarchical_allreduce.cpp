@@ -113,7 +113,10 @@ void hierarchical_allreduce(Communicator& comm, std::span<float> data, ReduceOp 
   // Tags: piece k's node exchanges use rounds k (reduce-scatter) and
   // pieces + k (all-gather) when G = 2; its cross-node ring starts at round
   // 2 pieces + 2(M-1) k; with G > 2, its node ring's 2(G-1) rounds follow
-  // all the cross-node rings.
+  // all the cross-node rings. The node's pairs and the cross-node pairs never
+  // coincide. Two pieces' rings on one pair may share a tag when their
+  // segment counts differ, which is harmless: one ring completes before the
+  // next posts, and messages with one tag between one pair match in order.
   const int cross_base = 2 * pieces;
   const int node_base = cross_base + 2 * (m - 1) * pieces;
   auto cross_ring = [&](int k, std::span<float> slice) {
