@@ -1,0 +1,1 @@
+// Owns the test programs' shared precompiled header (tests/CMakeLists.txt).
