@@ -8,12 +8,14 @@
 // collectives): the others would wait for it until the timeout.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "mpi_rank.h"
+#include "order_sensitive_inputs.h"
 
 namespace lockstep::comm {
 namespace {
@@ -43,9 +45,9 @@ struct GridCase {
 
 class MpiAllreduceGrid : public ::testing::TestWithParam<GridCase> {};
 
-TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
-  const auto [algorithm, op] = GetParam();
-  Communicator& comm = mpi_world();
+// The closed form of `algorithm` x `op` at every count of the grid, and the
+// same bits on every rank.
+void expect_closed_form(Communicator& comm, Algorithm algorithm, ReduceOp op) {
   const int n = comm.size();
   for (std::size_t count : closed_form::allreduce_counts(n)) {
     std::vector<float> data = closed_form::inputs(comm.rank(), count);
@@ -61,6 +63,11 @@ TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
                             << (wrong < count ? closed_form::expected(op, n, wrong) : 0.0f);
     expect_same_on_every_rank(comm, data, "count " + std::to_string(count));
   }
+}
+
+TEST_P(MpiAllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
+  const auto [algorithm, op] = GetParam();
+  expect_closed_form(mpi_world(), algorithm, op);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -137,6 +144,44 @@ TEST(MpiBarrier, EveryRankPassesManyBarriers) {
   std::vector<float> data(100, 1.0f);
   allreduce(comm, data, {.op = ReduceOp::Sum});
   EXPECT_EQ(data, std::vector<float>(100, float(comm.size())));
+}
+
+// Nodes over MPI (Note [Nodes over MPI] in mpi_communicator.cpp).
+// mpi_nodes_test.sh gives every G consecutive ranks their own host name (each
+// rank in its own UTS namespace) and says G in LOCKSTEP_TEST_PER_NODE, as if
+// they ran on N/G machines; without it, every rank runs on this one host.
+int ranks_per_node(const Communicator& comm) {
+  const char* g = std::getenv("LOCKSTEP_TEST_PER_NODE");
+  return g != nullptr ? std::atoi(g) : comm.size();
+}
+
+TEST(MpiNodes, FollowTheProcessorNames) {
+  Communicator& comm = mpi_world();
+  const int g = ranks_per_node(comm);
+  std::vector<int> want(static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) want[static_cast<std::size_t>(r)] = r / g;
+  EXPECT_EQ(comm.nodes(), want) << "rank " << comm.rank();
+}
+
+TEST(MpiNodes, HierarchicalMatchesTheClosedFormAndAutoChoosesIt) {
+  Communicator& comm = mpi_world();
+  const int g = ranks_per_node(comm);
+  if (g == comm.size()) GTEST_SKIP() << "one node (run by mpi_nodes_test.sh with several)";
+  for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
+    expect_closed_form(comm, Algorithm::Hierarchical, op);
+  }
+  // Auto above 64 KiB on even nodes: the hierarchical all-reduce's bits, which
+  // differ from the flat ring's on inputs whose sum depends on the order.
+  const std::size_t count = std::size_t{1} << 18;  // 1 MiB
+  const std::vector<float> inputs = testing::order_sensitive_inputs(7, comm.rank(), count);
+  auto reduced = [&](Algorithm algorithm) {
+    std::vector<float> data = inputs;
+    allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm});
+    return data;
+  };
+  const auto hierarchical = reduced(Algorithm::Hierarchical), ring = reduced(Algorithm::Ring);
+  EXPECT_NE(hierarchical, ring) << "the inputs do not tell the two orders apart";
+  EXPECT_EQ(reduced(Algorithm::Auto), hierarchical) << "rank " << comm.rank();
 }
 
 }  // namespace

@@ -46,5 +46,17 @@ foreach(victim 0 2)
     LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
 endforeach()
 
+# Nodes from processor names, and the hierarchical all-reduce over MPI:
+# 4 ranks as 2 nodes of 2, 6 ranks as 2 nodes of 3 (mpi_nodes_test.sh).
+foreach(layout "4;2" "6;3")
+  list(GET layout 0 n)
+  list(GET layout 1 g)
+  add_test(NAME lockstep_mpi_nodes.np${n}_${g}_per_node
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mpi_nodes_test.sh ${LOCKSTEP_MPIEXEC}
+                   $<TARGET_FILE:lockstep_mpi_tests> ${n} ${g})
+  set_tests_properties(lockstep_mpi_nodes.np${n}_${g}_per_node PROPERTIES
+    LABELS process TIMEOUT 120 SKIP_RETURN_CODE 77 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
+endforeach()
+
 # The tag mapping alone: a pure function, no MPI needed (the quick set).
 lockstep_test(lockstep_mpi_tags_tests SOURCES mpi_tags_test.cpp LIBS lockstep_comm)

@@ -15,12 +15,19 @@
 // - Native all-reduce: MPI_Iallreduce (sum/max/min; mean = sum, then the
 //   same 1/N scaling as our algorithms), polled like any Work, after the
 //   fingerprint check every collective makes.
+// - nodes(): Note [Nodes over MPI].
 #include <mpi.h>
 
+#include <algorithm>
+#include <array>
 #include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "../algorithms.h"
 #include "../fingerprint.h"
+#include "lockstep/comm/collectives.h"
 #include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
 #include "mpi_channel.h"
@@ -82,6 +89,9 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
 
   NativeAllreduce* native_allreduce() override { return this; }
 
+  std::vector<int> nodes() const override { return nodes_; }
+  void set_nodes(std::vector<int> nodes) { nodes_ = std::move(nodes); }
+
  private:
   // NativeAllreduce: MPI_Allreduce, as MPI_Iallreduce so that the wait has a deadline.
   bool shares_memory() const override { return false; }
@@ -127,7 +137,33 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
   }
 
   std::shared_ptr<MpiChannel> channel_;
+  std::vector<int> nodes_;
 };
+
+// Note [Nodes over MPI]: a rank's node is its processor name
+// (MPI_Get_processor_name; OpenMPI gives the host name). The names are
+// exchanged once, at connect, by one broadcast of MPI_MAX_PROCESSOR_NAME
+// bytes per rank over the new communicator, so under its timeout like any
+// collective (MPI_Allgather would block without one), and numbered in order
+// of first appearance. Every rank numbers the same list, so every rank
+// returns the same vector, which the hierarchical all-reduce needs.
+// Bytes: N x MPI_MAX_PROCESSOR_NAME in broadcasts, once per communicator.
+std::vector<int> exchange_nodes(Communicator& comm, const std::array<char, MPI_MAX_PROCESSOR_NAME>& mine) {
+  std::vector<std::string> names(comm.size());
+  for (int root = 0; root < comm.size(); ++root) {
+    std::array<char, MPI_MAX_PROCESSOR_NAME> name = mine;
+    broadcast(comm, std::as_writable_bytes(std::span<char>(name)), root);
+    names[root].assign(name.data(), strnlen(name.data(), name.size()));
+  }
+  std::vector<std::string> distinct;
+  std::vector<int> nodes(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto it = std::find(distinct.begin(), distinct.end(), names[r]);
+    nodes[r] = static_cast<int>(it - distinct.begin());
+    if (it == distinct.end()) distinct.push_back(names[r]);
+  }
+  return nodes;
+}
 
 }  // namespace
 
@@ -149,8 +185,15 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
                           std::to_string(channel->tag_window()) + " collectives in flight, too few for " +
                           std::to_string(size) + " ranks (src/comm/mpi/mpi_tags.h)");
   }
+  std::array<char, MPI_MAX_PROCESSOR_NAME> name{};
+  {
+    int length = 0;
+    auto lock = channel->session().lock();
+    detail::check_mpi(MPI_Get_processor_name(name.data(), &length), "MPI_Get_processor_name");
+  }
   auto comm = std::make_unique<MpiCommunicator>(std::move(channel));
   comm->set_timeout(options.timeout);
+  comm->set_nodes(exchange_nodes(*comm, name));
   return comm;
 }
 
