@@ -8,6 +8,7 @@ endif()
 
 add_executable(lockstep_gloo_rank gloo_rank_main.cpp)
 target_link_libraries(lockstep_gloo_rank PRIVATE lockstep_process_group)
+target_compile_options(lockstep_gloo_rank PRIVATE -O1)  # test code, as lockstep_test_flags
 
 add_executable(lockstep_gloo_tests gloo_collectives_test.cpp gloo_rendezvous_test.cpp gloo_failure_test.cpp
                                    gloo_secret_test.cpp gloo_sigpipe_test.cpp

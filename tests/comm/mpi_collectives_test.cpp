@@ -152,7 +152,8 @@ TEST(MpiBarrier, EveryRankPassesManyBarriers) {
 // they ran on N/G machines; without it, every rank runs on this one host.
 int ranks_per_node(const Communicator& comm) {
   const char* g = std::getenv("LOCKSTEP_TEST_PER_NODE");
-  return g != nullptr ? std::atoi(g) : comm.size();
+  const int per_node = g != nullptr ? std::atoi(g) : 0;
+  return per_node > 0 ? per_node : comm.size();
 }
 
 TEST(MpiNodes, FollowTheProcessorNames) {

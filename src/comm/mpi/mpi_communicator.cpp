@@ -20,14 +20,16 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../algorithms.h"
 #include "../fingerprint.h"
-#include "lockstep/comm/collectives.h"
 #include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
 #include "mpi_channel.h"
@@ -142,25 +144,60 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
 
 // Note [Nodes over MPI]: a rank's node is its processor name
 // (MPI_Get_processor_name; OpenMPI gives the host name). The names are
-// exchanged once, at connect, by one broadcast of MPI_MAX_PROCESSOR_NAME
-// bytes per rank over the new communicator, so under its timeout like any
-// collective (MPI_Allgather would block without one), and numbered in order
-// of first appearance. Every rank numbers the same list, so every rank
-// returns the same vector, which the hierarchical all-reduce needs.
-// Bytes: N x MPI_MAX_PROCESSOR_NAME in broadcasts, once per communicator.
-std::vector<int> exchange_nodes(Communicator& comm, const std::array<char, MPI_MAX_PROCESSOR_NAME>& mine) {
-  std::vector<std::string> names(comm.size());
-  for (int root = 0; root < comm.size(); ++root) {
-    std::array<char, MPI_MAX_PROCESSOR_NAME> name = mine;
-    broadcast(comm, std::as_writable_bytes(std::span<char>(name)), root);
-    names[root].assign(name.data(), strnlen(name.data(), name.size()));
+// exchanged once, at connect, by MPI_Iallgather of MPI_MAX_PROCESSOR_NAME
+// bytes per rank, polled against the connect timeout (MPI_Allgather would
+// block without one), and numbered in order of first appearance. Every rank
+// numbers the same list, so every rank returns the same vector, which the
+// hierarchical all-reduce needs.
+// The poll does not look for abort notices, unlike MpiWork: a peer may finish
+// the exchange, return from connect and abort before this rank has seen its
+// own exchange complete, and that abort belongs to the next call, not to
+// connect. A peer that never joins the exchange ends it by the timeout.
+// Bytes: N x MPI_MAX_PROCESSOR_NAME received per rank, once per communicator.
+std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
+  const int n = channel.size();
+  std::array<char, MPI_MAX_PROCESSOR_NAME> mine{};
+  // On a timeout the collective is still pending and MPI may write into this
+  // buffer later, so it is left allocated then (below).
+  auto all = std::make_unique<std::vector<char>>(static_cast<std::size_t>(n) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    auto lock = channel.session().lock();
+    int length = 0;
+    detail::check_mpi(MPI_Get_processor_name(mine.data(), &length), "MPI_Get_processor_name");
+    detail::check_mpi(MPI_Iallgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all->data(),
+                                     MPI_MAX_PROCESSOR_NAME, MPI_CHAR, channel.comm(), &request),
+                      "MPI_Iallgather");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int done = 0;
+    {
+      auto lock = channel.session().lock();
+      detail::check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    }
+    if (done) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const std::string msg = "rank " + std::to_string(channel.rank()) + ": connecting over MPI, the exchange "
+                              "of host names timed out after " + std::to_string(timeout.count()) +
+                              " ms (a rank did not connect)";
+      (void)all.release();  // still MPI's until the collective ends, which it may never do
+      channel.abort(msg);
+      throw TimeoutError(msg);
+    }
+    std::this_thread::yield();  // a nonblocking collective advances only inside MPI calls
+  }
+  std::vector<std::string> names(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const char* name = all->data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    names[static_cast<std::size_t>(r)].assign(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
   }
   std::vector<std::string> distinct;
-  std::vector<int> nodes(comm.size());
-  for (int r = 0; r < comm.size(); ++r) {
-    const auto it = std::find(distinct.begin(), distinct.end(), names[r]);
-    nodes[r] = static_cast<int>(it - distinct.begin());
-    if (it == distinct.end()) distinct.push_back(names[r]);
+  std::vector<int> nodes(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const auto it = std::find(distinct.begin(), distinct.end(), names[static_cast<std::size_t>(r)]);
+    nodes[static_cast<std::size_t>(r)] = static_cast<int>(it - distinct.begin());
+    if (it == distinct.end()) distinct.push_back(names[static_cast<std::size_t>(r)]);
   }
   return nodes;
 }
@@ -185,15 +222,10 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
                           std::to_string(channel->tag_window()) + " collectives in flight, too few for " +
                           std::to_string(size) + " ranks (src/comm/mpi/mpi_tags.h)");
   }
-  std::array<char, MPI_MAX_PROCESSOR_NAME> name{};
-  {
-    int length = 0;
-    auto lock = channel->session().lock();
-    detail::check_mpi(MPI_Get_processor_name(name.data(), &length), "MPI_Get_processor_name");
-  }
+  std::vector<int> nodes = exchange_nodes(*channel, options.timeout);
   auto comm = std::make_unique<MpiCommunicator>(std::move(channel));
   comm->set_timeout(options.timeout);
-  comm->set_nodes(exchange_nodes(*comm, name));
+  comm->set_nodes(std::move(nodes));
   return comm;
 }
 
