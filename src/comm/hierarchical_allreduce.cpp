@@ -1,4 +1,4 @@
-// Hierarchical all-reduce: a ring inside each node, a ring across nodes.
+// Hierarchical all-reduce: exchanges inside each node, a ring across nodes.
 //
 // M nodes of G ranks each (Communicator::nodes() says which rank runs where;
 // every node must hold the same number of ranks). Local rank l is a rank's
@@ -30,8 +30,10 @@
 // against 2P(N-1)/N for the flat ring (one message per round crosses each
 // node boundary). With 4 nodes of 2 ranks: 1.5 P against 1.75 P, 14% less
 // on the slowest links. Each chunk is summed by one rank in a fixed order
-// (its node's ranks in local order, then the cross-node ring) and copied to
-// the others, so every rank ends with the same bits.
+// (its own value, then the node's other ranks in local order, then the
+// cross-node ring) and copied to the others, so every rank ends with the
+// same bits. (With G > 2 that order differs from the node ring used before
+// 2026-12-03, so those results differ in the last bits from earlier runs.)
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -77,9 +79,9 @@ NodeLayout require_node_layout(const Communicator& comm) {
 
 namespace {
 
-// Pieces of the buffer that go through the three steps one after another,
-// so that with two ranks per node the node exchanges of one piece overlap
-// the cross-node ring of the next (below). About kPieceBytes each.
+// Pieces of the buffer that go through the three steps, so that the node
+// exchanges of one piece overlap the cross-node ring of the next (below).
+// About kPieceBytes each.
 constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
 constexpr int kMaxPieces = 16;
 

@@ -87,8 +87,8 @@ TEST(Hierarchical, ClosedFormOnEveryLayout) {
 }
 
 TEST(Hierarchical, PiecesOverlapTheNodeExchangesWithTheCrossNodeRing) {
-  // Over 16 MiB: three pieces of ~5.3 MiB go through the steps, with two
-  // ranks per node overlapped (exchanges posted ahead), with three not.
+  // Over 16 MiB: three pieces of ~5.3 MiB go through the steps, their node
+  // exchanges posted ahead (two and three ranks per node).
   const std::size_t count = ((std::size_t{16} << 20) + 4096) / sizeof(float) + 3;
   for (auto [n, g] : {std::pair{4, 2}, {6, 3}}) {
     std::vector<std::vector<float>> results(n);
