@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "lockstep/comm/collectives.h"
@@ -82,6 +83,9 @@ struct NodeLayout {
   std::vector<std::vector<int>> members;
 };
 std::optional<NodeLayout> node_layout(const Communicator& comm);
+// What a backend's nodes() returns: each rank's host name numbered in order
+// of first appearance, so every rank that sees the same names gets the same vector.
+std::vector<int> number_nodes(const std::vector<std::string>& hosts);
 // node_layout(), or InvalidArgument naming what the hierarchical all-reduce needs.
 NodeLayout require_node_layout(const Communicator& comm);
 // Throws InvalidArgument when node_layout() is nullopt.

@@ -67,6 +67,17 @@ std::optional<NodeLayout> node_layout(const Communicator& comm) {
   return layout;
 }
 
+std::vector<int> number_nodes(const std::vector<std::string>& hosts) {
+  std::vector<std::string> distinct;
+  std::vector<int> nodes(hosts.size());
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    const auto it = std::find(distinct.begin(), distinct.end(), hosts[r]);
+    nodes[r] = static_cast<int>(it - distinct.begin());
+    if (it == distinct.end()) distinct.push_back(hosts[r]);
+  }
+  return nodes;
+}
+
 NodeLayout require_node_layout(const Communicator& comm) {
   auto layout = node_layout(comm);
   if (!layout) {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <thread>
 
+#include "../algorithms.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm::gloo_backend {
@@ -164,13 +165,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     const std::string a = Address(*bytes).str();
     hosts[i] = a.substr(0, a.rfind(':'));
   }
-  std::vector<std::string> distinct;
-  nodes_.assign(size, 0);
-  for (int i = 0; i < size; ++i) {
-    const auto it = std::find(distinct.begin(), distinct.end(), hosts[i]);
-    nodes_[i] = static_cast<int>(it - distinct.begin());
-    if (it == distinct.end()) distinct.push_back(hosts[i]);
-  }
+  nodes_ = detail::number_nodes(hosts);
 
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;

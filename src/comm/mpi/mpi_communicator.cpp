@@ -18,7 +18,6 @@
 // - nodes(): Note [Nodes over MPI].
 #include <mpi.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -192,14 +191,7 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
     const char* name = all->data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     names[static_cast<std::size_t>(r)].assign(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
   }
-  std::vector<std::string> distinct;
-  std::vector<int> nodes(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    const auto it = std::find(distinct.begin(), distinct.end(), names[static_cast<std::size_t>(r)]);
-    nodes[static_cast<std::size_t>(r)] = static_cast<int>(it - distinct.begin());
-    if (it == distinct.end()) distinct.push_back(names[static_cast<std::size_t>(r)]);
-  }
-  return nodes;
+  return detail::number_nodes(names);
 }
 
 }  // namespace
