@@ -31,8 +31,8 @@ CliRun run(const std::string& args) {
   return r;
 }
 
-// A tiny IDX data set: 64 train and 16 test images of 4x4, 3 classes.
-fs::path make_data_dir(const std::string& name) {
+// A tiny IDX data set: `train` (64) train and 16 test images of 4x4, 3 classes.
+fs::path make_data_dir(const std::string& name, std::int64_t train = 64) {
   const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / name;
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
@@ -43,8 +43,8 @@ fs::path make_data_dir(const std::string& name) {
         images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
     lockstep::data::write_idx(dir / file, 0x08, dims, bytes, true);
   };
-  write("train-images-idx3-ubyte.gz", 64, true);
-  write("train-labels-idx1-ubyte.gz", 64, false);
+  write("train-images-idx3-ubyte.gz", train, true);
+  write("train-labels-idx1-ubyte.gz", train, false);
   write("t10k-images-idx3-ubyte.gz", 16, true);
   write("t10k-labels-idx1-ubyte.gz", 16, false);
   return dir;
@@ -235,6 +235,33 @@ TEST(Cli, TrainProfileFeedsPlan) {
   const CliRun plan = run("plan --profile " + profile.string());
   EXPECT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("Recommendation"), std::string::npos) << plan.output;
+}
+
+// bench train's rows and fields; the numbers themselves are timings, so only
+// their relations that hold by construction are checked.
+TEST(Cli, BenchTrainReportsEveryConfigurationAndItsMatmulBound) {
+  const fs::path data = make_data_dir("bench_train", 512);
+  const CliRun r = run("bench train --data " + data.string() + " --steps 2 --warmup 0 --repeats 1 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto rows = nlohmann::json::parse(r.output.substr(r.output.find('[')));
+  ASSERT_EQ(rows.size(), 4u) << r.output;
+  const std::vector<std::pair<int, int>> configs = {{8, 32}, {2, 32}, {2, 128}, {1, 256}};
+  double best = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    EXPECT_EQ(row["replicas"].get<int>(), configs[i].first);
+    EXPECT_EQ(row["micro_batch"].get<int>(), configs[i].second);
+    EXPECT_GT(row["samples_per_s"].get<double>(), 0);
+    EXPECT_GT(row["matmul_samples_per_s"].get<double>(), 0);
+    EXPECT_EQ(row["matmul_samples_per_s_runs"].size(), 1u);
+    const double bound = row["bound_on_fraction_of_best"].get<double>();
+    EXPECT_GT(bound, 0);
+    EXPECT_LE(bound, 1);
+    EXPECT_DOUBLE_EQ(bound, std::min(1.0, row["matmul_samples_per_s"].get<double>() /
+                                              (row["samples_per_s"].get<double>() / row["fraction_of_best"].get<double>())));
+    best = std::max(best, row["fraction_of_best"].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(best, 1.0);
 }
 
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
