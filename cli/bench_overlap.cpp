@@ -13,6 +13,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/train/trainer.h"
 
@@ -133,19 +134,19 @@ Action add_bench_overlap_command(CLI::App& bench) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
   cmd->add_option("--hidden", flags->hidden, "MLP hidden widths, one model per value");
-  cmd->add_option("--replicas", flags->replicas, "Replicas")->check(CLI::Range(1, 1024));
+  cmd->add_option("--replicas", flags->replicas, "Replicas")->check(whole_number_in(1, 1024));
   cmd->add_option("--micro-batch", flags->micro_batch, "Micro-batch of the bucket comparison")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--steps", flags->steps, "Steps per run")
-      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
+      ->check(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
   cmd->add_option("--repeats", flags->repeats, "Runs per arm; the median is reported")
-      ->check(CLI::Range(1, 100));
+      ->check(whole_number_in(1, 100));
   cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth");
   cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency");
   cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", flags->first_bucket_mb, "First bucket size (MiB)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   return [flags] { return run_bench_overlap(*flags); };
 }

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/nn/gemm.h"
 #include "lockstep/train/trainer.h"
@@ -183,11 +184,11 @@ Action add_bench_train_command(CLI::App& bench) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
   cmd->add_option("--steps", flags->steps, "Timed steps per run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--warmup", flags->warmup, "Untimed steps before each run")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+      ->check(whole_number_in(std::int64_t{0}, std::int64_t{1} << 20));
   cmd->add_option("--repeats", flags->repeats, "Runs per configuration; the median is reported")
-      ->check(CLI::Range(1, 100));
+      ->check(whole_number_in(1, 100));
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   return [flags] { return run_bench_train(*flags); };
 }

@@ -20,6 +20,7 @@
 #include <memory>
 #include <set>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/error.h"
 #include "process_supervisor.h"
@@ -157,14 +158,14 @@ Action add_launch_command(CLI::App& app) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--nproc", flags->nproc, "Processes (ranks) to start on this host")
       ->required()
-      ->check(CLI::Range(1, 1024));
+      ->check(whole_number_in(1, 1024));
   cmd->add_option("--backend", flags->backend, "Process backend the ranks use")
       ->check(CLI::IsMember({"gloo"}));
   cmd->add_option("--rendezvous-timeout", flags->rendezvous_timeout_s,
                   "Seconds the ranks wait for each other to join")
-      ->check(CLI::Range(0.001, 1e6));
+      ->check(number_in(0.001, 1e6));
   cmd->add_option("--grace", flags->grace_s, "Seconds between SIGTERM and SIGKILL when the job is stopped")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(number_in(0.0, 3600.0));
   cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
   return [flags] { return run_launch(*flags); };
 }

@@ -5,9 +5,38 @@
 //   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "lockstep/error.h"
+
+namespace {
+
+// A word where a command is expected that names none: CLI11 would only say
+// "A subcommand is required". Returns the message, or "" if all is well.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* group = &app;
+  std::string path = "lockstep";
+  for (int i = 1; i < argc && group != nullptr; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return "";
+    const auto subs = group->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subs) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (sub->get_name() == word) next = sub;
+    }
+    if (next == nullptr)
+      return "unknown command '" + word + "' for " + path + "; the commands are " + names + " (" + path + " --help).";
+    path += " " + word;
+    group = next;
+  }
+  return "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"lockstep: synchronous data-parallel training with N replicas in lockstep", "lockstep"};
@@ -20,8 +49,19 @@ int main(int argc, char** argv) {
   lockstep::cli::Action plan = lockstep::cli::add_plan_command(app);
   lockstep::cli::Action launch = lockstep::cli::add_launch_command(app);
 
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    std::cerr << "lockstep: error: " << unknown << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--replicas: At Most 1 required but received 2" for a flag given twice.
+    const std::string what = e.what();
+    const auto colon = what.find(": At Most 1 required");
+    if (colon == std::string::npos) return app.exit(e) == 0 ? 0 : 2;
+    std::cerr << "lockstep: error: " << what.substr(0, colon) << " was given more than once; give it once.\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
@@ -39,7 +79,10 @@ int main(int argc, char** argv) {
     std::cerr << "lockstep: error: " << e.what() << "\n";
     return lockstep::cli::kExitAbortedByPeer;
   } catch (const std::bad_alloc&) {
-    std::cerr << "lockstep: error: out of memory; lower --replicas, --micro-batch or --hidden.\n";
+    std::cerr << "lockstep: error: out of memory; lower "
+              << (app.got_subcommand("bench") ? "--replicas, --sizes, --micro-batch or --hidden"
+                                              : "--replicas, --micro-batch or --hidden")
+              << ".\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "lockstep: error: " << e.what() << "\n";

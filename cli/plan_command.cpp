@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/comm/modelled_link.h"
 #include "lockstep/cost/plan.h"
@@ -100,7 +101,7 @@ int run_plan(PlanFlags& f) {
   }
   const bool cnn = f.model != "mlp" && f.profile_file.empty() && f.params.empty();
   cost::Device device = cost::device_preset(!f.device.empty() ? f.device : cnn ? "v100" : "cpu");
-  if (!f.device_flops.empty()) device.flops = cost::parse_count(f.device_flops, "--device-flops");
+  if (!f.device_flops.empty()) device.flops = cost::parse_count(f.device_flops, "--device-flops", "125T or 1.5e14");
   if (!f.device_memory.empty()) device.memory_bytes = cost::parse_bytes(f.device_memory, "--device-memory");
 
   cost::PlanOptions o;
@@ -134,10 +135,19 @@ int run_plan(PlanFlags& f) {
                           "': expected a non-negative time with a unit, such as 16us or 0.");
   }
   s.topology.per_node = f.per_node;
-  s.topology.inter = {comm::parse_bandwidth(f.link_bandwidth),
-                      std::chrono::duration<double>(comm::parse_latency(f.link_latency)).count()};
-  s.topology.intra = {comm::parse_bandwidth(f.intra_bandwidth),
-                      std::chrono::duration<double>(comm::parse_latency(f.intra_latency)).count()};
+  // The link parsers' messages name the value, not the flag: add the flag.
+  const auto link = [](const char* flag, const std::string& rate, const char* latency_flag, const std::string& latency) {
+    const char* which = flag;
+    try {
+      const double bytes_per_s = comm::parse_bandwidth(rate);
+      which = latency_flag;
+      return cost::Link{bytes_per_s, std::chrono::duration<double>(comm::parse_latency(latency)).count()};
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string(which) + ": " + e.what());
+    }
+  };
+  s.topology.inter = link("--link-bandwidth", f.link_bandwidth, "--link-latency", f.link_latency);
+  s.topology.intra = link("--intra-bandwidth", f.intra_bandwidth, "--intra-latency", f.intra_latency);
 
   const cost::Profile profile = build_profile(f, device, cost::optimizer_passes(o.optimizer));
   const cost::Plan plan = cost::make_plan(profile, o);
@@ -167,7 +177,7 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--compute-ms", f->compute_ms,
                   "One replica's compute per step (forward + backward + optimizer) at --micro-batch, in ms; "
                   "rescales the model's compute")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1e12));
   cmd->add_option("--device", f->device, "Device preset (default: cpu for the MLP, v100 for the CNNs)")
       ->check(CLI::IsMember({"cpu", "p100", "v100", "a100"}));
   cmd->add_option("--device-flops", f->device_flops, "Achieved FLOP/s of one device, e.g. 60G or 6.3T");
@@ -177,13 +187,13 @@ Action add_plan_command(CLI::App& app) {
       "Bandwidth between nodes (each replica is a node unless --per-node), e.g. 10Gbit or 12.5GB/s");
   cmd->add_option("--link-latency", f->link_latency, "Latency per message between nodes, e.g. 50us");
   cmd->add_option("--per-node", f->per_node, "Replicas per node (they share the node's link)")
-      ->check(CLI::Range(1, 1024));
+      ->check(whole_number_in(1, 1024));
   cmd->add_option("--nodes", f->nodes, "Nodes: plan 1 replica and per-node x 1, 2, 4 ... nodes replicas")
-      ->check(CLI::Range(0, 65536));
+      ->check(whole_number_in(0, 65536));
   cmd->add_option("--host-cores", f->host_cores,
                   "The replicas time-share this many cores, as lockstep train's in-process replicas do "
                   "(0: a device per replica)")
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(whole_number_in(0, 1 << 20));
   cmd->add_option("--host-latency", f->host_latency,
                   "Software cost of handing one message to the next rank, per all-reduce round, on top of "
                   "the link's latency, e.g. 16us (lockstep bench allreduce --algorithm ring --sizes 4K "
@@ -193,9 +203,9 @@ Action add_plan_command(CLI::App& app) {
   f->replicas_opt = cmd->add_option("--replicas", f->replicas,
                                     "Replica counts: a list (1,2,4,8) or a doubling range (1-64)");
   f->micro_batch_opt = cmd->add_option("--micro-batch", f->micro_batch, "Samples per replica per micro-step")
-                           ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+                           ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
   cmd->add_option("--accumulate", f->accumulate, "Micro-steps per optimizer step, one all-reduce each step")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--optimizer", f->optimizer, "Optimizer (its state: 0, 1 or 2 x the parameters)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   cmd->add_option(
@@ -204,21 +214,21 @@ Action add_plan_command(CLI::App& app) {
          "modelled link)")
       ->check(CLI::IsMember({"best", "auto", "ring", "halving_doubling", "tree", "hierarchical"}));
   cmd->add_option("--bucket-mb", f->bucket_mb, "Gradient bucket size in MiB (0: one bucket after backward)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "bf16"}));
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1e12));
   cmd->add_option("--critical-batch", f->critical_batch,
                   "Critical batch size B_crit (McCandlish et al. 2018); 0: no statistical ceiling")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1e15));
   cmd->add_option("--min-efficiency", f->min_efficiency, "Efficiency under which more replicas stop paying")
-      ->check(CLI::Range(0.01, 1.0));
+      ->check(number_in(0.01, 1.0));
   cmd->add_option("--max-cost-increase", f->max_cost_increase,
                   "Largest acceptable rise in cost per sample over one replica (0.25 = 25%)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1e6));
   cmd->add_flag("--json", f->json, "Print JSON instead of the table");
   cmd->add_option("--svg", f->svg_file,
                   "Also plot efficiency and cost per sample against replicas to this SVG file");

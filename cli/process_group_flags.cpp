@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "checks.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cli {
@@ -27,9 +28,9 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
                  "threads: every replica a thread of this process; gloo or mpi: this process is one rank of a "
                  "group of processes")
       ->check(CLI::IsMember({"threads", "gloo", "mpi"}));
-  cmd.add_option("--rank", f.rank, "This process's rank (gloo; default: $RANK)")->check(CLI::Range(0, 1 << 20));
+  cmd.add_option("--rank", f.rank, "This process's rank (gloo; default: $RANK)")->check(whole_number_in(0, 1 << 20));
   cmd.add_option("--world-size", f.world_size, "Number of ranks (gloo; default: $WORLD_SIZE)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(whole_number_in(1, 1 << 20));
   cmd.add_option("--rendezvous", f.rendezvous,
                  "Where the ranks meet: file:DIR (one host or a shared filesystem) or redis://HOST:PORT (gloo; "
                  "default: $LOCKSTEP_RENDEZVOUS)");
@@ -41,10 +42,10 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
                  "A file readable only by its owner; every rank proves it knows it to every peer (gloo; default: "
                  "$LOCKSTEP_SECRET_FILE)");
   cmd.add_option("--rendezvous-timeout", f.rendezvous_timeout_s, "Seconds to wait for every rank to join")
-      ->check(CLI::Range(0.001, 1e6));
+      ->check(number_in(0.001, 1e6));
   if (with_timeout) {
     cmd.add_option("--timeout", f.timeout_s, "Seconds any collective may wait before the group is aborted")
-        ->check(CLI::Range(0.001, 1e6));
+        ->check(number_in(0.001, 1e6));
   }
 }
 

@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/cost/profile.h"
 #include "lockstep/error.h"
@@ -45,21 +47,28 @@ struct TrainFlags {
   bool quiet = false;
   std::string init_file, save_file, report_file;
   CLI::Option* lr_option = nullptr;
+  CLI::Option* hidden_option = nullptr;
   ProcessGroupFlags group;  // --backend and the process-group flags
   CLI::Option* replicas_option = nullptr;
 };
 
-// Fails before training, not after it, if the output cannot be written.
+// Fails before training, not after it, if the output cannot be written: a
+// file is created (and removed) beside it, which also catches what access()
+// lets root through, such as /proc and /sys.
 void check_writable(const std::string& path, const char* flag) {
   if (path.empty()) return;
   if (std::filesystem::is_directory(path)) {
     throw InvalidArgument(std::string(flag) + " " + path + " is a directory; give a file name.");
   }
   const auto parent = std::filesystem::absolute(path).parent_path();
-  if (!std::filesystem::is_directory(parent) || access(parent.c_str(), W_OK) != 0) {
+  std::string probe = (parent / ".lockstep-write-check-XXXXXX").string();
+  const int fd = std::filesystem::is_directory(parent) ? mkstemp(probe.data()) : -1;
+  if (fd < 0) {
     throw InvalidArgument(std::string(flag) + " " + path + ": the directory " + parent.string() +
                           " does not exist or is not writable.");
   }
+  close(fd);
+  std::filesystem::remove(probe);
 }
 
 // Writes next to `path` and renames, so a failed write never leaves half a file.
@@ -109,13 +118,48 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
 
 // Fails before training, not after it, if an output cannot be written.
 void check_outputs(const TrainFlags& f) {
-  check_writable(f.save_file, "--save");
-  check_writable(f.report_file, "--report");
-  check_writable(f.trace_file, "--trace");
-  check_writable(f.svg_file, "--timeline-svg");
-  check_writable(f.profile_file, "--profile");
+  const std::vector<std::pair<const char*, const std::string*>> outputs = {
+      {"--save", &f.save_file},
+      {"--report", &f.report_file},
+      {"--trace", &f.trace_file},
+      {"--timeline-svg", &f.svg_file},
+      {"--profile", &f.profile_file}};
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    check_writable(*outputs[i].second, outputs[i].first);
+    for (std::size_t j = 0; j < i; ++j) {
+      if (outputs[i].second->empty() || outputs[j].second->empty()) continue;
+      if (std::filesystem::weakly_canonical(*outputs[i].second) == std::filesystem::weakly_canonical(*outputs[j].second)) {
+        throw InvalidArgument(std::string(outputs[j].first) + " and " + outputs[i].first + " both name " +
+                              *outputs[i].second + ", and the second would overwrite the first; give each its own file.");
+      }
+    }
+  }
   if (f.svg_step >= 0 && f.svg_file.empty())
     throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
+}
+
+// Flags that would be silently ignored with the model or optimizer chosen.
+void check_flag_combinations(const TrainFlags& f) {
+  const auto& c = f.config;
+  if (c.model != "mlp" && f.hidden_option->count() > 0)
+    throw InvalidArgument("--hidden sets the widths of --model mlp and has no effect on --model " + c.model +
+                          "; leave it out.");
+  if (c.optimizer != "sgd" && c.nesterov)
+    throw InvalidArgument("--nesterov applies to --optimizer sgd only; leave it out with --optimizer " +
+                          c.optimizer + ".");
+}
+
+// --timeline-step past the run's end, found before training: exactly with
+// --steps, and with --epochs against the most steps the epochs can hold.
+void check_timeline_step(const TrainFlags& f, std::int64_t train_samples) {
+  const auto& c = f.config;
+  if (f.svg_step < 0) return;
+  const std::int64_t global = std::int64_t{c.replicas} * c.micro_batch * c.accumulate;
+  const std::int64_t steps = c.steps > 0 ? c.steps : c.epochs * ((train_samples + global - 1) / global);
+  if (f.svg_step >= steps) {
+    throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is past the run's last step (" +
+                          std::to_string(steps - 1) + (c.steps > 0 ? "" : " at most") + ").");
+  }
 }
 
 // A rank's error names the rank, and reaches the other ranks at once (abort).
@@ -194,6 +238,7 @@ int run_train(TrainFlags& f) {
   for (const auto& spec : f.inject) c.inject.push_back(train::fault_from_string(spec));
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   const bool in_group = backend_of(f.group) != comm::Backend::Threads;
+  check_flag_combinations(f);
   if (!in_group) check_outputs(f);
 
   // Every rank loads the data (and --init) itself, before the rendezvous:
@@ -229,6 +274,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
+  check_timeline_step(f, data.train.size);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
   if (!f.quiet && rank0) {
     std::fprintf(stderr, "lockstep train: %d replicas x %lld%s on %s (%lld train, %lld test samples)\n",
@@ -240,6 +286,14 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   const auto warn = [rank0](const std::string& message) {
     if (rank0) std::fprintf(stderr, "lockstep: warning: %s\n", message.c_str());  // one call: whole lines
   };
+  // Classes are 0 .. largest label: a stray label makes classes nothing teaches.
+  std::vector<char> taught(static_cast<std::size_t>(data.train.num_classes), 0);
+  for (const auto label : data.train.labels) taught[static_cast<std::size_t>(label)] = 1;
+  if (const auto untaught = std::count(taught.begin(), taught.end(), 0); untaught > 0) {
+    warn(std::to_string(untaught) + " of the " + std::to_string(taught.size()) +
+         " classes (0 to the largest label) have no training example; check the label files in " +
+         data.dir.string() + ".");
+  }
   const train::TrainHooks hooks{.on_progress = std::ref(printer), .on_warning = warn};
   auto result =
       group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
@@ -293,7 +347,8 @@ std::vector<std::int64_t> parse_hidden(const std::string& text) {
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
       throw InvalidArgument(
-          "--hidden must be a comma-separated list of positive widths such as 512,512; got '" + text + "'");
+          "--hidden must be a comma-separated list of positive widths up to 1048576, such as 512,512; got '" +
+          text + "'");
     }
     out.push_back(v);
     pos = comma + 1;
@@ -312,29 +367,30 @@ Action add_train_command(CLI::App& app) {
       cmd->add_option("--replicas", c.replicas,
                       "Number of replicas, each with a full copy of the model: threads of this process, or "
                       "with --backend gloo|mpi the world size (the default there)")
-          ->check(CLI::Range(1, 1024));
+          ->check(whole_number_in(1, 1024));
   cmd->add_option("--micro-batch", c.micro_batch,
                   "Samples per replica per step; global batch = replicas x micro-batch")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
   cmd->add_option("--epochs", c.epochs, "Epochs to train")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{100000}));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{100000}));
   cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_in(0, std::int64_t{1} << 40));
   cmd->add_option("--model", c.model,
                   "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
-  cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
+  flags->hidden_option = cmd->add_option("--hidden", flags->hidden, "Hidden layer widths of the MLP");
   cmd->add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"sgd", "adamw"}));
   flags->lr_option =
       cmd->add_option("--lr", c.lr, "Peak learning rate (default 0.1 for sgd, 0.001 for adamw)")
-          ->check(CLI::PositiveNumber);
+          ->check(positive_number(1e6));
   cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")
       ->check(CLI::IsMember({"cosine", "constant"}));
-  cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1e6));
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
-  cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order");
+  cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order")
+      ->check(whole_number_in(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--ragged", flags->ragged,
@@ -349,18 +405,18 @@ Action add_train_command(CLI::App& app) {
                 "Bit-exact for any power-of-two replica count: per-atom gradients summed in one tree over atom "
                 "index, divided once; drops an epoch's last partial global batch");
   cmd->add_option("--atom", c.atom, "Samples per atom in --deterministic mode")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option(
          "--accumulate", c.accumulate,
          "Micro-steps per optimizer step, accumulated locally with one all-reduce at the end; effective "
          "batch = replicas x micro-batch x accumulate")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Gradient bucket size in MiB (0: one bucket after backward, no overlap)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", c.first_bucket_mb,
                   "Size in MiB of the first bucket (the last layers' gradients, ready first)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("--overlap", flags->overlap,
                   "All-reduce each bucket on a communication thread during backward (on), after backward "
                   "(off), or on only when the transport is not the cores themselves (auto: with a link)")
@@ -382,7 +438,7 @@ Action add_train_command(CLI::App& app) {
       "--profile", flags->profile_file,
       "Write per-layer parameter bytes and forward/backward times (JSON) for lockstep plan --profile");
   cmd->add_option("--timeline-step", flags->svg_step, "The step --timeline-svg draws (default: the last)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_in(0, std::int64_t{1} << 40));
   cmd->add_option("--data", flags->data_dir,
                   "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
@@ -393,25 +449,25 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
   cmd->add_option("--timeout", flags->timeout_s, "Seconds any collective may wait before the run is aborted")
-      ->check(CLI::Range(0.001, 1e6));
+      ->check(number_in(0.001, 1e6));
   cmd->add_option(
          "--check-every", c.check_every,
          "Compare fingerprints of every replica's weights and optimizer state every K steps (0: never)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+      ->check(whole_number_in(std::int64_t{0}, std::int64_t{1} << 30));
   cmd->add_option("--on-divergence", flags->on_divergence,
                   "When replicas differ: stop with an error naming the step, tensor and ranks, or repair "
                   "(re-broadcast from a majority replica and warn)")
       ->check(CLI::IsMember({"stop", "repair"}));
   cmd->add_option("--max-skips", c.max_skips,
                   "Stop after this many consecutive steps skipped for non-finite gradients")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
                   "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
                   "shard); repeatable")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");
   add_process_group_flags(*cmd, flags->group, /*with_timeout=*/false);  // --timeout is above
   return [flags] { return run_train(*flags); };

@@ -86,7 +86,7 @@ std::optional<std::pair<double, std::string_view>> split_number(std::string_view
 
 [[noreturn]] void bad_latency(std::string_view text) {
   throw InvalidArgument("bad link latency '" + std::string(text) +
-                        "': expected a non-negative time with a unit, such as 50us, 1ms, 100ns or 0");
+                        "': expected a non-negative time with a unit, up to 1e6 s, such as 50us, 1ms, 100ns or 0");
 }
 
 nanoseconds transfer_time(std::size_t bytes, double bytes_per_second) {

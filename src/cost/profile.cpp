@@ -92,6 +92,8 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
 }
 
 Profile read_profile(const std::filesystem::path& path) {
+  if (std::filesystem::is_directory(path))
+    throw IoError(path.string() + " is a directory, not a profile; give the file `lockstep train --profile` wrote.");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw IoError(path.string() + ": cannot open the profile; write one with `lockstep train --profile`.");

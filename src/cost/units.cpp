@@ -46,13 +46,13 @@ double decimal_prefix(std::string_view unit, bool& ok) {
 
 }  // namespace
 
-double parse_count(std::string_view text, std::string_view flag) {
+double parse_count(std::string_view text, std::string_view flag, std::string_view example) {
   Split s;
   bool ok = split(text, s);
   const double scale = ok ? decimal_prefix(s.unit, ok) : 0;
   ok = ok && s.unit.size() <= 1;
   if (!ok || !std::isfinite(s.value) || s.value <= 0)
-    throw InvalidArgument(std::string(flag) + " must be a positive number such as 25.6M or 138e6; got '" +
+    throw InvalidArgument(std::string(flag) + " must be a positive number such as " + std::string(example) + "; got '" +
                           std::string(text) + "'.");
   return s.value * scale;
 }

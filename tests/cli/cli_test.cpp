@@ -31,14 +31,16 @@ CliRun run(const std::string& args) {
   return r;
 }
 
-// A tiny IDX data set: `train` (64) train and 16 test images of 4x4, 3 classes.
-fs::path make_data_dir(const std::string& name, std::int64_t train = 64) {
+// A tiny IDX data set: `train` (64) train and 16 test images of 4x4, 3 classes
+// (labels i mod 3; with `stray_label`, the first train label is that instead).
+fs::path make_data_dir(const std::string& name, std::int64_t train = 64, std::uint8_t stray_label = 0) {
   const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / name;
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
     std::vector<std::uint8_t> bytes;
     for (std::int64_t i = 0; i < n * (images ? 16 : 1); ++i)
       bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % 3));
+    if (!images && stray_label != 0 && file.rfind("train", 0) == 0) bytes[0] = stray_label;
     std::vector<std::int64_t> dims =
         images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
     lockstep::data::write_idx(dir / file, 0x08, dims, bytes, true);
@@ -71,6 +73,93 @@ TEST(Cli, ImpossibleValuesAreUsageErrors) {
   const CliRun big = run("train --data " + dir.string() + " --micro-batch 100 --steps 1");
   EXPECT_EQ(big.code, 2);
   EXPECT_NE(big.output.find("larger than the data set"), std::string::npos) << big.output;
+}
+
+// Every numeric flag says what it expected and what it got, and refuses nan,
+// inf and numbers that overflow instead of taking them.
+TEST(Cli, NumbersOutOfRangeNameWhatWasExpected) {
+  for (const char* args : {"train --momentum nan", "train --weight-decay nan", "train --timeout nan",
+                           "train --lr 0", "train --lr inf", "train --seed -1",
+                           "train --steps 99999999999999999999", "train --bucket-mb -1",
+                           "plan --compute-ms nan", "plan --price inf", "launch --nproc 2 --rendezvous-timeout nan -- train"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("expected a"), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("179769313486231570"), std::string::npos) << args << "\n" << r.output;
+  }
+  const CliRun lr = run("train --lr 0");
+  EXPECT_NE(lr.output.find("--lr: expected a positive number"), std::string::npos) << lr.output;
+}
+
+TEST(Cli, UnknownCommandsAndRepeatedFlagsAreNamed) {
+  const CliRun top = run("nope");
+  EXPECT_EQ(top.code, 2);
+  EXPECT_NE(top.output.find("unknown command 'nope'"), std::string::npos) << top.output;
+  EXPECT_NE(top.output.find("train, bench, demo, plan, launch"), std::string::npos) << top.output;
+  const CliRun bench = run("bench nope");
+  EXPECT_EQ(bench.code, 2);
+  EXPECT_NE(bench.output.find("unknown command 'nope' for lockstep bench"), std::string::npos) << bench.output;
+  const CliRun twice = run("train --replicas 2 --replicas 3");
+  EXPECT_EQ(twice.code, 2);
+  EXPECT_NE(twice.output.find("--replicas was given more than once"), std::string::npos) << twice.output;
+}
+
+// Two outputs naming one file would leave only the last: refused up front,
+// and the user's file is untouched.
+TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
+  const fs::path dir = make_data_dir("cli_same_output");
+  const fs::path file = dir / "mine.bin";
+  std::ofstream(file) << "the user's weights";
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --save " +
+                       file.string() + " --report " + (dir / "." / "mine.bin").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--save and --report both name"), std::string::npos) << r.output;
+  std::ifstream in(file);
+  const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "the user's weights");
+}
+
+// A flag the chosen model or optimizer would ignore is an error, not a no-op;
+// --timeline-step past the end is found before training, with --epochs too.
+TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
+  const fs::path dir = make_data_dir("cli_ignored");
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 ";
+  const CliRun hidden = run(common + "--steps 1 --model cnn --hidden 64");
+  EXPECT_EQ(hidden.code, 2);
+  EXPECT_NE(hidden.output.find("--hidden sets the widths of --model mlp"), std::string::npos) << hidden.output;
+  const CliRun nesterov = run(common + "--steps 1 --optimizer adamw --nesterov");
+  EXPECT_EQ(nesterov.code, 2);
+  EXPECT_NE(nesterov.output.find("--nesterov applies to --optimizer sgd only"), std::string::npos)
+      << nesterov.output;
+  // 64 samples, global batch 16: 2 epochs hold at most 8 steps.
+  const CliRun past = run(common + "--epochs 2 --timeline-svg " + (dir / "t.svg").string() + " --timeline-step 8");
+  EXPECT_EQ(past.code, 2);
+  EXPECT_NE(past.output.find("past the run's last step (7 at most)"), std::string::npos) << past.output;
+  EXPECT_EQ(past.output.find("result"), std::string::npos) << "trained before failing:\n" << past.output;
+}
+
+TEST(Cli, ClassesWithoutATrainingExampleAreWarnedAbout) {
+  const fs::path dir = make_data_dir("cli_stray_label", 64, 7);  // classes 0..7, 3 to 6 never seen
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("4 of the 8 classes (0 to the largest label) have no training example"),
+            std::string::npos)
+      << r.output;
+  const CliRun clean = run("train --data " + make_data_dir("cli_no_stray").string() +
+                           " --replicas 2 --micro-batch 8 --steps 1");
+  EXPECT_EQ(clean.output.find("no training example"), std::string::npos) << clean.output;
+}
+
+TEST(Cli, PlanFlagsAreNamedInTheirErrors) {
+  const CliRun intra = run("plan --intra-bandwidth 0");
+  EXPECT_EQ(intra.code, 2);
+  EXPECT_NE(intra.output.find("--intra-bandwidth: bad link bandwidth '0'"), std::string::npos) << intra.output;
+  const CliRun flops = run("plan --device-flops 0");
+  EXPECT_EQ(flops.code, 2);
+  EXPECT_NE(flops.output.find("such as 125T"), std::string::npos) << flops.output;
+  const CliRun dir = run("plan --profile " + std::string(LOCKSTEP_TEST_TMPDIR));
+  EXPECT_EQ(dir.code, 1);
+  EXPECT_NE(dir.output.find("is a directory, not a profile"), std::string::npos) << dir.output;
 }
 
 TEST(Cli, MissingDataDirectoryNamesIt) {

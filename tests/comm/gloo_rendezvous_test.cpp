@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <thread>
+
 #include "gloo_group.h"
 #include "redis_server.h"
 #include "temp_dir_test.h"
@@ -76,6 +78,37 @@ TEST_F(GlooRendezvous, DuplicateRankIsRefusedAtOnce) {
     named += e.log.find("rank 1 was claimed twice") != std::string::npos;
   }
   EXPECT_EQ(named, 3) << "every rank names the duplicate";
+}
+
+// A rank killed during rendezvous leaves its claim in the store; the next job
+// that reuses the directory is told that claim belongs to a process that has
+// exited (and what to do), not that two live processes claimed the rank.
+TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsNamedAsSuch) {
+  auto a = args(2);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  {
+    GlooGroup earlier(dir_);
+    const int i = earlier.spawn(1, a);
+    // Its claim is the first key it writes: wait for a whole (not .tmp.) file in the store.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    bool claimed = false;
+    while (!claimed && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+      std::error_code ec;
+      for (const auto& f : std::filesystem::recursive_directory_iterator(dir_ / "rdv", ec))
+        claimed = claimed || (f.is_regular_file() && f.path().filename().string().find(".tmp.") == std::string::npos);
+    }
+    ASSERT_TRUE(claimed) << "rank 1 never registered";
+    earlier.kill(i);
+    earlier.wait_all(10s);
+  }
+  GlooGroup later(dir_);
+  later.spawn(1, a);
+  const auto exits = later.wait_all(20s);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("rank 1 is still claimed by pid"), std::string::npos) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("which has exited"), std::string::npos) << contains_msg(exits[0]);
 }
 
 TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {

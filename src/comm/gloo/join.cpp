@@ -2,8 +2,10 @@
 // wait for everyone, and say who is missing.
 #include "join.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -107,6 +109,13 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
   const auto held = store.try_get(rank_key);
   if (!held || parse(*held).nonce != nonce) {
     const Registration other = held ? parse(*held) : Registration{};
+    // A claim by a process of this host that no longer exists: an earlier job's leftover.
+    const bool exited = other.host == hostname() && other.pid > 0 && ::kill(other.pid, 0) != 0 && errno == ESRCH;
+    if (exited) {
+      refuse(store, where + ": " + me + " is still claimed by pid " + std::to_string(other.pid) + " on " +
+                        other.host + ", which has exited: an earlier job left it. Use a fresh rendezvous " +
+                        "directory or another job id");
+    }
     refuse(store, where + ": " + me + " was claimed twice (also by pid " + std::to_string(other.pid) +
                       " on " + other.host + "); every process needs its own rank. If that was an " +
                       "earlier job, use a fresh rendezvous directory or another job id");

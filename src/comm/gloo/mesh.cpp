@@ -114,7 +114,12 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   try {
     device_ = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    throw IoError(me + ": cannot listen on '" + bind + "': " + strip_location(e.what()));
+    const std::string what = strip_location(e.what());
+    if (what.find("Unable to find address for") != std::string::npos) {  // gloo's getaddrinfo failed
+      throw IoError(me + ": cannot listen on '" + bind + "': no address of this machine has that name; give --bind " +
+                    "one of this host's addresses or host names.");
+    }
+    throw IoError(me + ": cannot listen on '" + bind + "': " + what);
   }
   transportContext_ = device_->createContext(rank, size);
   // A pair's connect waits up to 5x this for the peer (tcp/pair.h); keep that within the deadline.

@@ -1,0 +1,66 @@
+#include "checks.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace lockstep::cli {
+namespace {
+
+std::string show(double x) {
+  char buf[32];
+  if (std::fabs(x) < 1e15 && x == std::floor(x)) {
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+  } else {
+    std::snprintf(buf, sizeof buf, "%g", x);
+  }
+  return buf;
+}
+
+// The whole text as a finite double, or false.
+bool parse_number(const std::string& text, double& out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return *end == '\0' && std::isfinite(out);
+}
+
+}  // namespace
+
+CLI::Validator number_in(double lo, double hi) {
+  const std::string want = "a number from " + show(lo) + " to " + show(hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double x = 0;
+        if (parse_number(text, x) && x >= lo && x <= hi) return {};
+        return "expected " + want + ", got '" + text + "'";
+      },
+      "NUMBER in [" + show(lo) + ", " + show(hi) + "]");
+}
+
+CLI::Validator positive_number(double hi) {
+  const std::string want = "a positive number up to " + show(hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double x = 0;
+        if (parse_number(text, x) && x > 0 && x <= hi) return {};
+        return "expected " + want + ", got '" + text + "'";
+      },
+      "POSITIVE up to " + show(hi));
+}
+
+CLI::Validator whole_number_in(std::int64_t lo, std::int64_t hi) {
+  const std::string want = "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        std::int64_t x = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, x);
+        if (!text.empty() && ec == std::errc() && ptr == end && x >= lo && x <= hi) return {};
+        return "expected " + want + ", got '" + text + "'";
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+}  // namespace lockstep::cli
