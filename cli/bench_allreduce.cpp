@@ -195,11 +195,11 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
-      ->check(whole_number_in(1, 1024));
+      ->transform(whole_number_in(1, 1024));
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")
-      ->check(whole_number_in(0, 100000));
+      ->transform(whole_number_in(0, 100000));
   cmd->add_flag("--no-verify", flags->no_verify, "Skip the fingerprint check (to measure what it costs)");
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   add_process_group_flags(*cmd, flags->group);

@@ -134,13 +134,13 @@ Action add_bench_overlap_command(CLI::App& bench) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
   cmd->add_option("--hidden", flags->hidden, "MLP hidden widths, one model per value");
-  cmd->add_option("--replicas", flags->replicas, "Replicas")->check(whole_number_in(1, 1024));
+  cmd->add_option("--replicas", flags->replicas, "Replicas")->transform(whole_number_in(1, 1024));
   cmd->add_option("--micro-batch", flags->micro_batch, "Micro-batch of the bucket comparison")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--steps", flags->steps, "Steps per run")
-      ->check(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
+      ->transform(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
   cmd->add_option("--repeats", flags->repeats, "Runs per arm; the median is reported")
-      ->check(whole_number_in(1, 100));
+      ->transform(whole_number_in(1, 100));
   cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth");
   cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency");
   cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB)")

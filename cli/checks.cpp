@@ -50,17 +50,34 @@ CLI::Validator positive_number(double hi) {
       "POSITIVE up to " + show(hi));
 }
 
-CLI::Validator whole_number_in(std::int64_t lo, std::int64_t hi) {
+namespace {
+
+// A whole number in [lo, hi] read in base 10 only. On success the text is
+// rewritten as plain decimal, because CLI11 converts it afterwards with
+// strtoll in base 0, which would read "010" as octal 8 and "0x10" as 16.
+template <typename Int>
+CLI::Validator whole_number(Int lo, Int hi) {
   const std::string want = "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        std::int64_t x = 0;
+        Int x = 0;
         const char* end = text.data() + text.size();
         const auto [ptr, ec] = std::from_chars(text.data(), end, x);
-        if (!text.empty() && ec == std::errc() && ptr == end && x >= lo && x <= hi) return {};
+        if (!text.empty() && ec == std::errc() && ptr == end && x >= lo && x <= hi) {
+          text = std::to_string(x);
+          return {};
+        }
         return "expected " + want + ", got '" + text + "'";
       },
-      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+}  // namespace
+
+CLI::Validator whole_number_in(std::int64_t lo, std::int64_t hi) { return whole_number(lo, hi); }
+
+CLI::Validator unsigned_number_upto(std::uint64_t hi) {
+  return whole_number<std::uint64_t>(0, hi);
 }
 
 }  // namespace lockstep::cli

@@ -10,6 +10,11 @@ namespace lockstep::cli {
 
 CLI::Validator number_in(double lo, double hi);  // finite, lo <= x <= hi
 CLI::Validator positive_number(double hi);       // finite, 0 < x <= hi
+// Whole numbers are read in base 10 only ("010" is ten, "0x10" is refused).
+// Attach them with ->transform(), not ->check(): they rewrite the text as
+// plain decimal, and check() would hand CLI11 the original, which it reads
+// with strtoll in base 0 ("010" as octal eight).
 CLI::Validator whole_number_in(std::int64_t lo, std::int64_t hi);
+CLI::Validator unsigned_number_upto(std::uint64_t hi);
 
 }  // namespace lockstep::cli

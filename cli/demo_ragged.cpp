@@ -13,8 +13,10 @@
 // `drop` (the trainer's third policy) is not shown: it never forms this batch.
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <thread>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/ddp/reducer.h"
@@ -142,7 +144,8 @@ Action add_demo_command(CLI::App& app) {
       "Ragged shards (7 x 32 + 1 x 11): a plain mean of means is wrong, weighting by count is exact");
   ragged->option_defaults()->always_capture_default();
   ragged->add_option("--data", flags->data_dir, "Directory of an IDX data set");
-  ragged->add_option("--seed", flags->seed, "Seed of the model's weights");
+  ragged->add_option("--seed", flags->seed, "Seed of the model's weights")
+      ->transform(unsigned_number_upto(std::numeric_limits<std::uint64_t>::max()));
   return [flags] { return run_demo_ragged(*flags); };
 }
 

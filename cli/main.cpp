@@ -20,7 +20,8 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc && group != nullptr; ++i) {
     const std::string word = argv[i];
     if (word.empty() || word[0] == '-') return "";
-    const auto subs = group->get_subcommands([](CLI::App*) { return true; });
+    // Nameless subcommands are option groups, not commands.
+    const auto subs = group->get_subcommands([](CLI::App* sub) { return !sub->get_name().empty(); });
     if (subs.empty()) return "";
     CLI::App* next = nullptr;
     std::string names;

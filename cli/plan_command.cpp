@@ -187,13 +187,13 @@ Action add_plan_command(CLI::App& app) {
       "Bandwidth between nodes (each replica is a node unless --per-node), e.g. 10Gbit or 12.5GB/s");
   cmd->add_option("--link-latency", f->link_latency, "Latency per message between nodes, e.g. 50us");
   cmd->add_option("--per-node", f->per_node, "Replicas per node (they share the node's link)")
-      ->check(whole_number_in(1, 1024));
+      ->transform(whole_number_in(1, 1024));
   cmd->add_option("--nodes", f->nodes, "Nodes: plan 1 replica and per-node x 1, 2, 4 ... nodes replicas")
-      ->check(whole_number_in(0, 65536));
+      ->transform(whole_number_in(0, 65536));
   cmd->add_option("--host-cores", f->host_cores,
                   "The replicas time-share this many cores, as lockstep train's in-process replicas do "
                   "(0: a device per replica)")
-      ->check(whole_number_in(0, 1 << 20));
+      ->transform(whole_number_in(0, 1 << 20));
   cmd->add_option("--host-latency", f->host_latency,
                   "Software cost of handing one message to the next rank, per all-reduce round, on top of "
                   "the link's latency, e.g. 16us (lockstep bench allreduce --algorithm ring --sizes 4K "
@@ -203,9 +203,9 @@ Action add_plan_command(CLI::App& app) {
   f->replicas_opt = cmd->add_option("--replicas", f->replicas,
                                     "Replica counts: a list (1,2,4,8) or a doubling range (1-64)");
   f->micro_batch_opt = cmd->add_option("--micro-batch", f->micro_batch, "Samples per replica per micro-step")
-                           ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
+                           ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
   cmd->add_option("--accumulate", f->accumulate, "Micro-steps per optimizer step, one all-reduce each step")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--optimizer", f->optimizer, "Optimizer (its state: 0, 1 or 2 x the parameters)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   cmd->add_option(

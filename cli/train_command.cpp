@@ -68,7 +68,8 @@ void check_writable(const std::string& path, const char* flag) {
                           " does not exist or is not writable.");
   }
   close(fd);
-  std::filesystem::remove(probe);
+  std::error_code ignored;  // a probe left behind is harmless; failing the run for it is not
+  std::filesystem::remove(probe, ignored);
 }
 
 // Writes next to `path` and renames, so a failed write never leaves half a file.
@@ -149,16 +150,15 @@ void check_flag_combinations(const TrainFlags& f) {
                           c.optimizer + ".");
 }
 
-// --timeline-step past the run's end, found before training: exactly with
-// --steps, and with --epochs against the most steps the epochs can hold.
-void check_timeline_step(const TrainFlags& f, std::int64_t train_samples) {
-  const auto& c = f.config;
+// --timeline-step past the run's last step, found before training. The
+// count is the trainer's own, so a config the trainer refuses is refused
+// first with the trainer's reason.
+void check_timeline_step(const TrainFlags& f, const data::ImageClassificationData& data) {
   if (f.svg_step < 0) return;
-  const std::int64_t global = std::int64_t{c.replicas} * c.micro_batch * c.accumulate;
-  const std::int64_t steps = c.steps > 0 ? c.steps : c.epochs * ((train_samples + global - 1) / global);
+  const std::int64_t steps = train::total_steps(f.config, data);
   if (f.svg_step >= steps) {
     throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is past the run's last step (" +
-                          std::to_string(steps - 1) + (c.steps > 0 ? "" : " at most") + ").");
+                          std::to_string(steps - 1) + ").");
   }
 }
 
@@ -274,7 +274,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
-  check_timeline_step(f, data.train.size);
+  check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
   if (!f.quiet && rank0) {
     std::fprintf(stderr, "lockstep train: %d replicas x %lld%s on %s (%lld train, %lld test samples)\n",
@@ -367,14 +367,14 @@ Action add_train_command(CLI::App& app) {
       cmd->add_option("--replicas", c.replicas,
                       "Number of replicas, each with a full copy of the model: threads of this process, or "
                       "with --backend gloo|mpi the world size (the default there)")
-          ->check(whole_number_in(1, 1024));
+          ->transform(whole_number_in(1, 1024));
   cmd->add_option("--micro-batch", c.micro_batch,
                   "Samples per replica per step; global batch = replicas x micro-batch")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
   cmd->add_option("--epochs", c.epochs, "Epochs to train")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{100000}));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{100000}));
   cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
-      ->check(whole_number_in(0, std::int64_t{1} << 40));
+      ->transform(whole_number_in(0, std::int64_t{1} << 40));
   cmd->add_option("--model", c.model,
                   "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
@@ -390,7 +390,7 @@ Action add_train_command(CLI::App& app) {
       ->check(number_in(0.0, 1e6));
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
   cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order")
-      ->check(whole_number_in(0, std::numeric_limits<std::int64_t>::max()));
+      ->transform(unsigned_number_upto(std::numeric_limits<std::uint64_t>::max()));
   cmd->add_option("--shuffle", flags->shuffle, "Shuffle each epoch (off: file order)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--ragged", flags->ragged,
@@ -405,12 +405,12 @@ Action add_train_command(CLI::App& app) {
                 "Bit-exact for any power-of-two replica count: per-atom gradients summed in one tree over atom "
                 "index, divided once; drops an epoch's last partial global batch");
   cmd->add_option("--atom", c.atom, "Samples per atom in --deterministic mode")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option(
          "--accumulate", c.accumulate,
          "Micro-steps per optimizer step, accumulated locally with one all-reduce at the end; effective "
          "batch = replicas x micro-batch x accumulate")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Gradient bucket size in MiB (0: one bucket after backward, no overlap)")
       ->check(number_in(0.0, 1e6));
@@ -438,7 +438,7 @@ Action add_train_command(CLI::App& app) {
       "--profile", flags->profile_file,
       "Write per-layer parameter bytes and forward/backward times (JSON) for lockstep plan --profile");
   cmd->add_option("--timeline-step", flags->svg_step, "The step --timeline-svg draws (default: the last)")
-      ->check(whole_number_in(0, std::int64_t{1} << 40));
+      ->transform(whole_number_in(0, std::int64_t{1} << 40));
   cmd->add_option("--data", flags->data_dir,
                   "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
@@ -453,21 +453,21 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option(
          "--check-every", c.check_every,
          "Compare fingerprints of every replica's weights and optimizer state every K steps (0: never)")
-      ->check(whole_number_in(std::int64_t{0}, std::int64_t{1} << 30));
+      ->transform(whole_number_in(std::int64_t{0}, std::int64_t{1} << 30));
   cmd->add_option("--on-divergence", flags->on_divergence,
                   "When replicas differ: stop with an error naming the step, tensor and ranks, or repair "
                   "(re-broadcast from a majority replica and warn)")
       ->check(CLI::IsMember({"stop", "repair"}));
   cmd->add_option("--max-skips", c.max_skips,
                   "Stop after this many consecutive steps skipped for non-finite gradients")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
                   "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
                   "shard); repeatable")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
-      ->check(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
+      ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_flag("--quiet", flags->quiet, "No progress output");
   add_process_group_flags(*cmd, flags->group, /*with_timeout=*/false);  // --timeout is above
   return [flags] { return run_train(*flags); };

@@ -282,6 +282,10 @@ std::vector<TrafficBytes> gather_traffic(comm::Communicator& comm, const Traffic
 
 }  // namespace
 
+std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificationData& data) {
+  return plan(config, data).total_steps;
+}
+
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
   const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process

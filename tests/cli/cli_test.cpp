@@ -81,7 +81,8 @@ TEST(Cli, NumbersOutOfRangeNameWhatWasExpected) {
   for (const char* args : {"train --momentum nan", "train --weight-decay nan", "train --timeout nan",
                            "train --lr 0", "train --lr inf", "train --seed -1",
                            "train --steps 99999999999999999999", "train --bucket-mb -1",
-                           "plan --compute-ms nan", "plan --price inf", "launch --nproc 2 --rendezvous-timeout nan -- train"}) {
+                           "plan --compute-ms nan", "plan --price inf", "launch --nproc 2 --rendezvous-timeout nan -- train",
+                           "train --steps 0x10", "train --seed 1.5", "train --seed 18446744073709551616"}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("expected a"), std::string::npos) << args << "\n" << r.output;
@@ -89,6 +90,19 @@ TEST(Cli, NumbersOutOfRangeNameWhatWasExpected) {
   }
   const CliRun lr = run("train --lr 0");
   EXPECT_NE(lr.output.find("--lr: expected a positive number"), std::string::npos) << lr.output;
+}
+
+// Whole numbers are decimal: "010" is ten (not octal eight), and a seed takes
+// the whole unsigned 64-bit range.
+TEST(Cli, WholeNumbersAreReadInBaseTen) {
+  const fs::path dir = make_data_dir("cli_base_ten");
+  const fs::path report = dir / "r.json";
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 2 --steps 010 --seed " +
+                       "18446744073709551615 --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(j["steps"].get<std::int64_t>(), 10);
+  EXPECT_EQ(j["config"]["seed"].get<std::uint64_t>(), 18446744073709551615ull) << j.dump();
 }
 
 TEST(Cli, UnknownCommandsAndRepeatedFlagsAreNamed) {
@@ -131,11 +145,36 @@ TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   EXPECT_EQ(nesterov.code, 2);
   EXPECT_NE(nesterov.output.find("--nesterov applies to --optimizer sgd only"), std::string::npos)
       << nesterov.output;
-  // 64 samples, global batch 16: 2 epochs hold at most 8 steps.
-  const CliRun past = run(common + "--epochs 2 --timeline-svg " + (dir / "t.svg").string() + " --timeline-step 8");
+  // 64 samples, global batch 16: 2 epochs are 8 steps.
+  const std::string svg = " --timeline-svg " + (dir / "t.svg").string();
+  const CliRun past = run(common + "--epochs 2" + svg + " --timeline-step 8");
   EXPECT_EQ(past.code, 2);
-  EXPECT_NE(past.output.find("past the run's last step (7 at most)"), std::string::npos) << past.output;
+  EXPECT_NE(past.output.find("past the run's last step (7)"), std::string::npos) << past.output;
   EXPECT_EQ(past.output.find("result"), std::string::npos) << "trained before failing:\n" << past.output;
+  // Global batch 24: an epoch is 3 steps when the last partial batch is kept, 2 when it is dropped.
+  const std::string odd = "train --data " + dir.string() + " --replicas 2 --micro-batch 12 --epochs 2" + svg;
+  const CliRun kept = run(odd + " --timeline-step 6");
+  EXPECT_NE(kept.output.find("past the run's last step (5)"), std::string::npos) << kept.output;
+  const CliRun dropped = run(odd + " --ragged drop --timeline-step 4");
+  EXPECT_NE(dropped.output.find("past the run's last step (3)"), std::string::npos) << dropped.output;
+  // A batch the data cannot fill is refused for that reason, not for the step.
+  const CliRun big = run("train --data " + dir.string() + " --replicas 2 --micro-batch 64 --epochs 1" + svg +
+                         " --timeline-step 0");
+  EXPECT_EQ(big.code, 2);
+  EXPECT_EQ(big.output.find("--timeline-step"), std::string::npos) << big.output;
+}
+
+// A directory no file can be made in, even by root (as CI runs): refused
+// before training.
+TEST(Cli, AnOutputInAnUnwritableDirectoryIsRefusedBeforeTraining) {
+  const fs::path dir = make_data_dir("cli_unwritable");
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --trace " +
+                       "/proc/lockstep-trace.json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--trace /proc/lockstep-trace.json: the directory /proc does not exist or is not writable"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("result"), std::string::npos) << "trained before failing:\n" << r.output;
 }
 
 TEST(Cli, ClassesWithoutATrainingExampleAreWarnedAbout) {
@@ -343,6 +382,8 @@ TEST(Cli, BenchTrainReportsEveryConfigurationAndItsMatmulBound) {
     EXPECT_GT(row["samples_per_s"].get<double>(), 0);
     EXPECT_GT(row["matmul_samples_per_s"].get<double>(), 0);
     EXPECT_EQ(row["matmul_samples_per_s_runs"].size(), 1u);
+    EXPECT_EQ(row["matmul_below_step"].get<bool>(),
+              row["matmul_samples_per_s"].get<double>() < row["samples_per_s"].get<double>());
     const double bound = row["bound_on_fraction_of_best"].get<double>();
     EXPECT_GT(bound, 0);
     EXPECT_LE(bound, 1);

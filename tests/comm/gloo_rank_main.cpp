@@ -159,6 +159,7 @@ int run(std::map<std::string, std::string>& a) {
   // binding each node's ranks to their own loopback address (127.0.0.1 + r/G).
   const int per_node = a.count("--per-node") ? std::stoi(a["--per-node"]) : 0;
   if (per_node > 0) o.bind = "127.0.0." + std::to_string(1 + o.rank / per_node);
+  if (a.count("--bind")) o.bind = a["--bind"];
   if (a.count("--job-id")) o.job_id = a["--job-id"];
   const std::string scenario = a["--scenario"], dir = a["--dir"];
   const int iterations = a.count("--iterations") ? std::stoi(a["--iterations"]) : 1000;

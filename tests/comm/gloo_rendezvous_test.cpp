@@ -94,9 +94,14 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsNamedAsSuch) {
     bool claimed = false;
     while (!claimed && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(20ms);
+      // Files come and go (a .tmp. file is renamed into place), so every step takes an error code.
       std::error_code ec;
-      for (const auto& f : std::filesystem::recursive_directory_iterator(dir_ / "rdv", ec))
-        claimed = claimed || (f.is_regular_file() && f.path().filename().string().find(".tmp.") == std::string::npos);
+      for (std::filesystem::recursive_directory_iterator it(dir_ / "rdv", ec), end; !ec && it != end;
+           it.increment(ec)) {
+        if (it->path().filename().string().find(".tmp.") != std::string::npos) continue;
+        std::error_code kind;
+        claimed = claimed || it->is_regular_file(kind);
+      }
     }
     ASSERT_TRUE(claimed) << "rank 1 never registered";
     earlier.kill(i);
@@ -109,6 +114,31 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsNamedAsSuch) {
   EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
   EXPECT_NE(exits[0].log.find("rank 1 is still claimed by pid"), std::string::npos) << contains_msg(exits[0]);
   EXPECT_NE(exits[0].log.find("which has exited"), std::string::npos) << contains_msg(exits[0]);
+}
+
+// --bind: a name that does not resolve, and one that resolves to an address
+// that is not this machine's (192.0.2.1 is TEST-NET-1), are told apart. The
+// rank that fails publishes an abort, so its peer stops too.
+TEST_F(GlooRendezvous, ABindAddressThatIsNotThisMachinesIsNamed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"no-such-host.invalid", "the name does not resolve"},
+      {"192.0.2.1", "the name resolves, but to no address of this machine"}};
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& [bind, said] = cases[i];
+    GlooGroup group(dir_);
+    auto a = args(2);
+    a[3] += "-" + std::to_string(i);  // a fresh rendezvous per case
+    a.insert(a.end(), {"--rendezvous-timeout-ms", "20000"});
+    group.spawn(1, a);
+    a.insert(a.end(), {"--bind", bind});
+    group.spawn(0, a);
+    const auto exits = group.wait_all(30s);
+    ASSERT_EQ(exits.size(), 2u);
+    for (const auto& e : exits) EXPECT_NE(e.code, 0) << bind << ": " << contains_msg(e);
+    const auto& bound = exits[1];
+    EXPECT_NE(bound.log.find("cannot listen on '" + bind + "': " + said), std::string::npos)
+        << bind << ": " << contains_msg(bound);
+  }
 }
 
 TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {

@@ -212,6 +212,11 @@ std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t fe
 // Builds the optimizer that TrainConfig describes for `numel` parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config, std::size_t numel);
 
+// The steps train() would run for this config and data: --steps, or the
+// epochs times the sampler's steps per epoch under the config's last-batch
+// policy. Throws InvalidArgument as train() does, for the same reasons.
+std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificationData& data);
+
 // Runs training. Throws InvalidArgument for a config that cannot work, and
 // rethrows the first replica's error if one fails (the others are stopped).
 TrainResult train(const TrainConfig& config, const data::ImageClassificationData& data,

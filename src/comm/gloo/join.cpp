@@ -3,9 +3,11 @@
 #include "join.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -33,17 +35,30 @@ std::string hostname() {
   return buf;
 }
 
+// Where this process's pid means something: the kernel's boot id and the
+// pid namespace. Two processes with the same host name (containers, clones of
+// one image) or in different pid namespaces get different values, so a pid is
+// only looked up where it is the same process. "?" when either is unreadable.
+std::string pid_space() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat ns {};
+  if (boot.empty() || ::stat("/proc/self/ns/pid", &ns) != 0) return "?";
+  return boot + ":" + std::to_string(ns.st_ino);
+}
+
 struct Registration {
   std::string nonce;
   int world_size = -1;
   std::string host;
   long pid = 0;
+  std::string pid_space = "?";
 };
 
 Registration parse(const std::string& value) {
   Registration r;
   std::istringstream s(value);
-  s >> r.nonce >> r.world_size >> r.host >> r.pid;
+  s >> r.nonce >> r.world_size >> r.host >> r.pid >> r.pid_space;
   return r;
 }
 
@@ -103,14 +118,18 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
   // 1. Claim the rank.
   const std::string nonce = make_nonce();
   const std::string mine =
-      nonce + " " + std::to_string(world_size) + " " + hostname() + " " + std::to_string(::getpid());
+      nonce + " " + std::to_string(world_size) + " " + hostname() + " " + std::to_string(::getpid()) + " " +
+      pid_space();
   const std::string rank_key = "rank/" + std::to_string(rank);
   store.set_if_absent(rank_key, mine);
   const auto held = store.try_get(rank_key);
   if (!held || parse(*held).nonce != nonce) {
     const Registration other = held ? parse(*held) : Registration{};
-    // A claim by a process of this host that no longer exists: an earlier job's leftover.
-    const bool exited = other.host == hostname() && other.pid > 0 && ::kill(other.pid, 0) != 0 && errno == ESRCH;
+    // A claim by a process in this boot and pid namespace that no longer
+    // exists: an earlier job's leftover.
+    const std::string here = pid_space();
+    const bool exited = here != "?" && other.pid_space == here && other.pid > 0 && ::kill(other.pid, 0) != 0 &&
+                        errno == ESRCH;
     if (exited) {
       refuse(store, where + ": " + me + " is still claimed by pid " + std::to_string(other.pid) + " on " +
                         other.host + ", which has exited: an earlier job left it. Use a fresh rendezvous " +

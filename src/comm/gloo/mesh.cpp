@@ -10,6 +10,7 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -102,12 +103,31 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
   return what;
 }
 
+// Throws IoError naming the resolver's reason when `bind` does not resolve.
+void check_bind_resolves(const std::string& me, const std::string& bind) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rv = getaddrinfo(bind.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (rv != 0) {
+    throw IoError(me + ": cannot listen on '" + bind + "': the name does not resolve (" + gai_strerror(rv) +
+                  "); give --bind one of this host's addresses or host names.");
+  }
+}
+
 }  // namespace
 
 Mesh::Mesh(int rank, int size) : gloo::Context(rank, size), peer_addresses_(size) {}
 
 void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_point deadline) {
   const std::string me = "rank " + std::to_string(rank);
+  // Gloo resolves the name and binds a socket to the first address that
+  // takes one; when none does, all it says is "Unable to find address for".
+  // Resolving the name here first tells apart a name that does not resolve
+  // from one whose addresses are not this machine's.
+  check_bind_resolves(me, bind);
   gloo::transport::tcp::attr attr;
   attr.hostname = bind;
   attr.ai_family = AF_UNSPEC;
@@ -115,9 +135,9 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     device_ = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     const std::string what = strip_location(e.what());
-    if (what.find("Unable to find address for") != std::string::npos) {  // gloo's getaddrinfo failed
-      throw IoError(me + ": cannot listen on '" + bind + "': no address of this machine has that name; give --bind " +
-                    "one of this host's addresses or host names.");
+    if (what.find("Unable to find address for") != std::string::npos) {  // no address of the name could be bound
+      throw IoError(me + ": cannot listen on '" + bind + "': the name resolves, but to no address of this machine (" +
+                    what + "); give --bind one of this host's addresses or host names.");
     }
     throw IoError(me + ": cannot listen on '" + bind + "': " + what);
   }
