@@ -10,7 +10,9 @@
 //      sum is the same on every run and, for a power-of-two N, the same bits as
 //      the tree all-reduce and as one rank tree-summing the same inputs),
 //      applies op (and 1/N for Mean), and writes the result into chunk r of
-//      all N buffers;  barrier.
+//      all N buffers;  barrier. For Sum and Mean over up to 16 ranks the
+//      tree is evaluated element by element in one pass (fused_tree_sum), so
+//      no partial sum goes through memory.
 //
 // Synchronisations: 2 barriers (the ring needs 2(N-1) hand-offs); 1 for
 // buffers of at most 16 KiB, which are staged (Note [Small all-reduces in one
@@ -23,7 +25,9 @@
 // computed once, by its owner, and copied.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "algorithms.h"
@@ -64,6 +68,51 @@ void tree_reduce(const float* const* inputs, int lo, int hi, float* out, float* 
   reduce_into({out, len}, {tmp, len}, op);
 }
 
+// The tree of tree_reduce over N inputs, one element at a time: the same
+// additions in the same order, so the same bits, in one pass that reads each
+// input once and keeps the partial sums in registers. tree_reduce is its
+// naive sibling, which the tests hold it to, and still serves Max, Min and
+// more than kMaxFusedRanks ranks.
+template <int N>
+inline float tree_sum_at(const float* const* in, std::size_t i) {
+  if constexpr (N == 1) {
+    return in[0][i];
+  } else {
+    constexpr int half = std::bit_floor(unsigned(N - 1));  // the largest power of two below N
+    return tree_sum_at<half>(in, i) + tree_sum_at<N - half>(in + half, i);
+  }
+}
+
+// out[i] = tree sum of in[0..N)[i], times `scale` when `mean` (finish()'s
+// multiplication, fused).
+template <int N>
+void fused_tree_sum(const float* const* inputs, float* __restrict out, std::size_t len, bool mean, float scale) {
+  const float* in[N];
+  for (int j = 0; j < N; ++j) in[j] = inputs[j];
+  if (mean) {
+    for (std::size_t i = 0; i < len; ++i) out[i] = tree_sum_at<N>(in, i) * scale;
+  } else {
+    for (std::size_t i = 0; i < len; ++i) out[i] = tree_sum_at<N>(in, i);
+  }
+}
+
+constexpr int kMaxFusedRanks = 16;
+
+// Sum and Mean over 2..kMaxFusedRanks inputs in one pass; false if the call
+// is not one of those (the caller then takes tree_reduce and finish()).
+template <int... Ns>
+bool fused_reduce(std::integer_sequence<int, Ns...>, const float* const* inputs, int n, float* out,
+                  std::size_t len, ReduceOp op) {
+  if (op != ReduceOp::Sum && op != ReduceOp::Mean) return false;
+  const bool mean = op == ReduceOp::Mean;
+  const float scale = 1.0f / static_cast<float>(n);
+  return ((n == Ns + 2 ? (fused_tree_sum<Ns + 2>(inputs, out, len, mean, scale), true) : false) || ...);
+}
+
+bool fused_reduce(const float* const* inputs, int n, float* out, std::size_t len, ReduceOp op) {
+  return fused_reduce(std::make_integer_sequence<int, kMaxFusedRanks - 1>(), inputs, n, out, len, op);
+}
+
 // Note [Small all-reduces in one barrier]: below kStagedMaxBytes each rank
 // copies its input into a staging buffer of the hub, waits once, and then sums
 // all N staged inputs itself, in rank order, into its own buffer. Every rank
@@ -82,6 +131,7 @@ void staged_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerpri
   const int n = hub.size();
   std::array<const float*, kMaxRanks> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = staging[j].data();
+  if (fused_reduce(inputs.data(), n, data.data(), data.size(), fp.op)) return;
   std::vector<float>& tmp = hub.tree_scratch[rank];  // one block per tree level
   if (tmp.size() < data.size() * tree_levels(n)) tmp.resize(data.size() * tree_levels(n));
   tree_reduce(inputs.data(), 0, n, data.data(), tmp.data(), data.size(), fp.op);
@@ -111,8 +161,10 @@ void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fi
   for (std::size_t b = begin; b < end; b += kBlock) {
     const std::size_t len = std::min(kBlock, end - b);
     for (int j = 0; j < n; ++j) inputs[j] = hub.slots[j] + b;
-    tree_reduce(inputs.data(), 0, n, acc, acc + kBlock, len, op);
-    finish({acc, len}, op, n);
+    if (!fused_reduce(inputs.data(), n, acc, len, op)) {
+      tree_reduce(inputs.data(), 0, n, acc, acc + kBlock, len, op);
+      finish({acc, len}, op, n);
+    }
     for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
   }
   // Note [Nobody leaves while others write]: past the first barrier every

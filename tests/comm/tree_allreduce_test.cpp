@@ -68,6 +68,42 @@ INSTANTIATE_TEST_SUITE_P(TreeAndSharedMemory, TreeOrder,
                          ::testing::Values(Algorithm::Tree, Algorithm::SharedMemory),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// Any rank count: the tree splits at the largest power of two below the
+// count, so ((v0 + v1) + v2) for three. The naive sibling of the shared-memory
+// path's one-pass sums (up to 16 ranks) and of its tree_reduce (17).
+float split_tree_sum(std::span<const float> v) {
+  if (v.size() == 1) return v[0];
+  std::size_t half = 1;
+  while (half * 2 < v.size()) half *= 2;
+  return split_tree_sum(v.first(half)) + split_tree_sum(v.subspan(half));
+}
+
+TEST(SharedMemoryAllreduce, AnyRankCountSumsInTheSplitTreeBitForBit) {
+  const std::size_t count = (std::size_t{1} << 14) + 3;  // past the staged path's 16 KiB, and ragged chunks
+  for (int n : {3, 5, 6, 7, 9, 16, 17}) {
+    for (auto op : {ReduceOp::Sum, ReduceOp::Mean}) {
+      std::vector<std::vector<float>> results(n);
+      rethrow_first(run_ranks(n, [&](Communicator& comm) {
+        auto data = inputs(comm.rank(), count);
+        allreduce(comm, data, {.op = op, .algorithm = Algorithm::SharedMemory});
+        results[comm.rank()] = std::move(data);
+      }));
+      std::vector<std::vector<float>> in;
+      for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
+      const float scale = 1.0f / static_cast<float>(n);
+      for (std::size_t i = 0; i < count; ++i) {
+        std::vector<float> column;
+        for (int r = 0; r < n; ++r) column.push_back(in[r][i]);
+        float want = split_tree_sum(column);
+        if (op == ReduceOp::Mean) want *= scale;
+        ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0) << "n=" << n << " " << to_string(op) << " i=" << i;
+      }
+      for (int r = 1; r < n; ++r)
+        ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
+    }
+  }
+}
+
 TEST(TreeAllreduce, AllOpsAndBytesOnTheWire) {
   const std::size_t count = 8 * 1000;
   for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min}) {
