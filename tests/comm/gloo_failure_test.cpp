@@ -112,6 +112,27 @@ TEST_P(GlooKill, EverySurvivorExitsInTimeNamingTheDeadRank) {
   }
 }
 
+// Note [Watching for aborts]: a rank whose only pending transfer is with a
+// rank that is alive but silent is not woken by any broken connection when a
+// third rank aborts; it reads the abort from the store within ~100 ms instead
+// of sleeping to its 20 s timeout, or to rank 0's exit after 4 s.
+class GlooWatch : public TempDirTest {};
+
+TEST_F(GlooWatch, ARankWaitingOnASilentPeerLearnsOfAnAbortFromTheStore) {
+  GlooGroup group(dir_);
+  std::vector<std::string> a = {"--world-size", "3", "--rendezvous", "file:" + (dir_ / "rdv").string(),
+                                "--scenario", "watch", "--dir", dir_.string(), "--timeout-ms", "20000"};
+  for (int r = 0; r < 3; ++r) group.spawn(r, a);
+  ASSERT_TRUE(group.wait_for_marks("connected", {0, 1, 2}, 40s)) << "the group did not get going";
+  const auto go = std::chrono::steady_clock::now();
+  group.go();
+  const auto exits = group.wait_all(40s);
+  const RankExit& waiter = exits[2];
+  EXPECT_EQ(waiter.code, 3) << waiter.log;
+  EXPECT_NE(waiter.log.find("stopped on purpose (watch test)"), std::string::npos) << waiter.log;
+  EXPECT_LT(waiter.ended - go, 3s) << "not woken by the abort:\n" << waiter.log;
+}
+
 INSTANTIATE_TEST_SUITE_P(Processes, GlooKill,
                          ::testing::Values(KillCase{Phase::Before, 0}, KillCase{Phase::Before, 2},
                                            KillCase{Phase::During, 0}, KillCase{Phase::During, 2},

@@ -192,6 +192,23 @@ int run(std::map<std::string, std::string>& a) {
       allreduce(*comm, data, {.op = ReduceOp::Mean});
       if (i == 0) mark(dir, "looping", o.rank);
     }
+  } else if (scenario == "watch") {
+    // Note [Watching for aborts]: rank 0 takes part in nothing (it sleeps
+    // 4 s, past the test's bound, then leaves); rank 2 sends to rank 0 alone, so no
+    // connection it waits on ever breaks; rank 1 aborts the group. Rank 2
+    // must learn of it from the store, long before its own timeout.
+    mark(dir, "connected", o.rank);
+    wait_for_go(dir);
+    if (o.rank == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+    } else if (o.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 2 is waiting by now
+      comm->abort("rank 1: stopped on purpose (watch test)");
+      throw CommAborted("rank 1: communicator aborted: " + comm->abort_reason());
+    } else {
+      std::vector<float> data(1000, 1.0f);
+      comm->isend(0, 7, std::as_bytes(std::span<const float>(data)))->wait(o.timeout);
+    }
   } else if (scenario == "time") {  // by hand: median time per all-reduce size, on stderr
     for (std::size_t count :
          {std::size_t{1}, std::size_t{1024}, std::size_t{1} << 18, std::size_t{1} << 20}) {

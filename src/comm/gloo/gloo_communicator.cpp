@@ -79,9 +79,36 @@ bool is_timeout(const std::string& what) {
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(std::unique_ptr<RendezvousStore> store, std::shared_ptr<Mesh> mesh)
-    : rank_(mesh->rank), size_(mesh->size), store_(std::move(store)), mesh_(std::move(mesh)) {}
+    : rank_(mesh->rank), size_(mesh->size), store_(std::move(store)), mesh_(std::move(mesh)) {
+  watch_store_ = std::make_unique<RendezvousStore>(store_->address(), store_->job_id());
+  watcher_ = std::thread([this] { watch_for_aborts(); });
+}
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  watcher_.join();
+}
+
+void GlooCommunicator::watch_for_aborts() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    watch_cv_.wait_for(lock, kWatchPeriod);
+    if (stopping_ || !reason_.empty() || works_.empty()) continue;
+    lock.unlock();
+    const auto reason = read_abort(*watch_store_);  // never throws; nullopt if none
+    lock.lock();
+    if (!reason || !reason_.empty() || stopping_) continue;
+    reason_ = *reason;
+    for (GlooWork* w : works_) w->wake();
+    lock.unlock();
+    mesh_->close_all();  // as transport_failed does when it finds a reason: peers waiting on us fail too
+    lock.lock();
+  }
+}
 
 std::unique_ptr<Work> GlooCommunicator::isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
   bytes_sent_ += data.size();

@@ -15,6 +15,12 @@
 //   - abort(reason): records the reason in the store (first writer wins),
 //     wakes this rank's waiters and closes every connection
 //     (Note [Closing the mesh]), so every peer fails at once and reads why.
+//   - Note [Watching for aborts]: closing connections wakes a peer only if it
+//     waits on one of them. A rank waiting on the dead rank alone (a send
+//     that waits for the dead peer's ready-to-receive; Gloo does not fail it
+//     when that pair breaks) would sleep to its timeout. So while transfers
+//     are pending, a watcher thread reads the store's abort reason every
+//     kWatchPeriod, over its own connection to the store, and wakes them.
 // Every later call fails at once with CommAborted.
 //
 // Thread-safety: as communicator.h; in addition abort(), abort_reason() and
@@ -22,10 +28,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "lockstep/comm/process_group.h"
 #include "mesh.h"
@@ -62,6 +71,10 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   std::unique_ptr<Work> post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes);
   // Records `reason` unless the group is already aborted; wakes waiters, tells peers, closes.
   void abort_group(const std::string& reason);
+  // Note [Watching for aborts]: the watcher thread's loop.
+  void watch_for_aborts();
+
+  static constexpr std::chrono::milliseconds kWatchPeriod{100};
 
   const int rank_;
   const int size_;
@@ -70,10 +83,14 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   mutable std::mutex mu_;
   std::string reason_;         // guarded by mu_; non-empty once aborted
   std::set<GlooWork*> works_;  // guarded by mu_; transfers not yet complete
+  bool stopping_ = false;      // guarded by mu_; the watcher ends
+  std::condition_variable watch_cv_;
+  std::unique_ptr<RendezvousStore> watch_store_;  // the watcher's own connection to the store
   std::byte empty_{};          // the buffer of 0-byte transfers
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<std::uint64_t> messages_sent_{0};
+  std::thread watcher_;  // last: started when everything it uses exists
 };
 
 }  // namespace lockstep::comm::gloo_backend

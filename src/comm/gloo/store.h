@@ -42,6 +42,7 @@ class RendezvousStore {
   const std::string& host() const { return host_; }
   int port() const { return port_; }
   const std::string& address() const { return address_; }
+  const std::string& job_id() const { return job_id_; }
 
  private:
   std::string key(const std::string& k) const { return job_id_ + "/" + k; }
