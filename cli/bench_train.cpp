@@ -68,13 +68,16 @@ double matmul_samples_per_s(const std::vector<std::int64_t>& dims, int replicas,
       r.grad.emplace_back(static_cast<std::size_t>(batch * d), 0.01f);
     }
   }
-  auto step = [&](Replica& r) {  // the calls nn::Linear makes, in the same order, with the same betas
+  // The calls nn::Linear makes, in the same order, with the same betas: the
+  // trainer's backward accumulates into the gradients the optimizer zeroed
+  // (beta 1 for the weight gradient), and writes the input gradients (beta 0).
+  auto step = [&](Replica& r) {
     for (std::size_t l = 0; l < layers; ++l)
       nn::sgemm(Trans::No, Trans::Yes, batch, dims[l + 1], dims[l], 1.0f, r.act[l].data(), dims[l], r.w[l].data(),
                 dims[l], 1.0f, r.act[l + 1].data(), dims[l + 1]);
     for (std::size_t l = layers; l-- > 0;) {
       nn::sgemm(Trans::Yes, Trans::No, dims[l + 1], dims[l], batch, 1.0f, r.grad[l + 1].data(), dims[l + 1],
-                r.act[l].data(), dims[l], 0.0f, r.dw[l].data(), dims[l]);
+                r.act[l].data(), dims[l], 1.0f, r.dw[l].data(), dims[l]);
       if (l > 0)
         nn::sgemm(Trans::No, Trans::No, batch, dims[l], dims[l + 1], 1.0f, r.grad[l + 1].data(), dims[l + 1],
                   r.w[l].data(), dims[l], 0.0f, r.grad[l].data(), dims[l]);
@@ -83,17 +86,24 @@ double matmul_samples_per_s(const std::vector<std::int64_t>& dims, int replicas,
   const int previous = nn::blas_threads();
   const int wanted = replicas < cores ? cores / replicas : 1;
   nn::set_blas_threads(wanted);
-  std::barrier warmed(replicas + 1);
-  std::vector<std::thread> pool;
-  for (int i = 0; i < replicas; ++i)
-    pool.emplace_back([&, i] {
-      Replica& r = reps[static_cast<std::size_t>(i)];
-      for (int s = 0; s < 2; ++s) step(r);
-      warmed.arrive_and_wait();
-      for (std::int64_t s = 0; s < steps; ++s) step(r);
-    });
-  warmed.arrive_and_wait();
-  const auto t0 = std::chrono::steady_clock::now();
+  // The clock starts in the barrier's completion step, which runs after the
+  // last thread arrives and before any is released.
+  std::chrono::steady_clock::time_point t0;
+  std::barrier warmed(replicas, [&t0]() noexcept { t0 = std::chrono::steady_clock::now(); });
+  std::vector<std::jthread> pool;
+  pool.reserve(static_cast<std::size_t>(replicas));
+  try {
+    for (int i = 0; i < replicas; ++i)
+      pool.emplace_back([&, i] {
+        Replica& r = reps[static_cast<std::size_t>(i)];
+        for (int s = 0; s < 2; ++s) step(r);
+        warmed.arrive_and_wait();
+        for (std::int64_t s = 0; s < steps; ++s) step(r);
+      });
+  } catch (...) {  // no thread: stand in for the missing ones, so the started ones are released and joined
+    for (std::size_t i = pool.size(); i < static_cast<std::size_t>(replicas); ++i) warmed.arrive_and_drop();
+    throw;
+  }
   for (auto& th : pool) th.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (wanted != previous) nn::set_blas_threads(previous);

@@ -161,6 +161,7 @@ TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   const CliRun big = run("train --data " + dir.string() + " --replicas 2 --micro-batch 64 --epochs 1" + svg +
                          " --timeline-step 0");
   EXPECT_EQ(big.code, 2);
+  EXPECT_NE(big.output.find("is larger than the data set"), std::string::npos) << big.output;
   EXPECT_EQ(big.output.find("--timeline-step"), std::string::npos) << big.output;
 }
 

@@ -79,27 +79,40 @@ float split_tree_sum(std::span<const float> v) {
 }
 
 TEST(SharedMemoryAllreduce, AnyRankCountSumsInTheSplitTreeBitForBit) {
-  const std::size_t count = (std::size_t{1} << 14) + 3;  // past the staged path's 16 KiB, and ragged chunks
-  for (int n : {3, 5, 6, 7, 9, 16, 17}) {
-    for (auto op : {ReduceOp::Sum, ReduceOp::Mean}) {
-      std::vector<std::vector<float>> results(n);
-      rethrow_first(run_ranks(n, [&](Communicator& comm) {
-        auto data = inputs(comm.rank(), count);
-        allreduce(comm, data, {.op = op, .algorithm = Algorithm::SharedMemory});
-        results[comm.rank()] = std::move(data);
-      }));
-      std::vector<std::vector<float>> in;
-      for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
-      const float scale = 1.0f / static_cast<float>(n);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::vector<float> column;
-        for (int r = 0; r < n; ++r) column.push_back(in[r][i]);
-        float want = split_tree_sum(column);
-        if (op == ReduceOp::Mean) want *= scale;
-        ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0) << "n=" << n << " " << to_string(op) << " i=" << i;
+  // 1001: the staged path (under 16 KiB); 2^14 + 3: the chunked path, with ragged chunks.
+  for (const std::size_t count : {std::size_t{1001}, (std::size_t{1} << 14) + 3}) {
+    for (int n = 2; n <= 17; ++n) {
+      for (auto op : {ReduceOp::Sum, ReduceOp::Mean}) {
+        std::vector<std::vector<float>> results(n);
+        rethrow_first(run_ranks(n, [&](Communicator& comm) {
+          auto data = inputs(comm.rank(), count);
+          allreduce(comm, data, {.op = op, .algorithm = Algorithm::SharedMemory});
+          results[comm.rank()] = std::move(data);
+        }));
+        std::vector<std::vector<float>> in;
+        for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
+        const float scale = 1.0f / static_cast<float>(n);
+        std::size_t differs_from_sequential = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          std::vector<float> column;
+          float sequential = 0;
+          for (int r = 0; r < n; ++r) {
+            column.push_back(in[r][i]);
+            sequential += in[r][i];
+          }
+          float want = split_tree_sum(column);
+          differs_from_sequential += sequential != want;
+          if (op == ReduceOp::Mean) want *= scale;
+          ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0)
+              << "n=" << n << " count=" << count << " " << to_string(op) << " i=" << i;
+        }
+        for (int r = 1; r < n; ++r)
+          ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
+        // For 3 ranks the split tree is the sequential sum; from 4 on the inputs must tell them apart.
+        if (n >= 4) {
+          EXPECT_GT(differs_from_sequential, 0u) << "n=" << n << ": the inputs cannot tell the orders apart";
+        }
       }
-      for (int r = 1; r < n; ++r)
-        ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * 4)) << "rank " << r;
     }
   }
 }

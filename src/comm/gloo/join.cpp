@@ -44,7 +44,7 @@ std::string pid_space() {
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
   struct stat ns {};
   if (boot.empty() || ::stat("/proc/self/ns/pid", &ns) != 0) return "?";
-  return boot + ":" + std::to_string(ns.st_ino);
+  return boot + ":" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);  // namespaces(7)
 }
 
 struct Registration {

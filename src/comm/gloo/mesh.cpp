@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -103,18 +104,41 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
   return what;
 }
 
-// Throws IoError naming the resolver's reason when `bind` does not resolve.
-void check_bind_resolves(const std::string& me, const std::string& bind) {
+// Throws IoError, saying why, when no socket can be bound to `bind`: the name
+// does not resolve (or not now: a temporary resolver failure), it resolves
+// only to addresses that are not this machine's, or binding failed for
+// another reason (named by errno). Gloo would say only "Unable to find
+// address for" in all of these cases.
+void check_bind_address(const std::string& me, const std::string& bind) {
+  const std::string head = me + ": cannot listen on '" + bind + "': ";
+  const std::string remedy = "; give --bind one of this host's addresses or host names.";
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int rv = getaddrinfo(bind.c_str(), nullptr, &hints, &found);
-  if (found != nullptr) freeaddrinfo(found);
   if (rv != 0) {
-    throw IoError(me + ": cannot listen on '" + bind + "': the name does not resolve (" + gai_strerror(rv) +
-                  "); give --bind one of this host's addresses or host names.");
+    if (found != nullptr) freeaddrinfo(found);
+    const std::string why = rv == EAI_AGAIN ? "the name could not be resolved now, a temporary failure of the resolver ("
+                                            : "the name does not resolve (";
+    throw IoError(head + why + gai_strerror(rv) + ")" + remedy);
   }
+  int first_errno = 0;
+  bool only_not_ours = true;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    const int err = fd < 0 ? errno : (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno);
+    if (fd >= 0) ::close(fd);
+    if (err == 0) {  // one address binds (port 0): Gloo can listen there
+      freeaddrinfo(found);
+      return;
+    }
+    if (first_errno == 0) first_errno = err;
+    only_not_ours = only_not_ours && err == EADDRNOTAVAIL;
+  }
+  freeaddrinfo(found);
+  if (only_not_ours) throw IoError(head + "the name resolves, but to no address of this machine" + remedy);
+  throw IoError(head + "binding a socket failed (" + std::strerror(first_errno) + ")" + remedy);
 }
 
 }  // namespace
@@ -125,9 +149,8 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   const std::string me = "rank " + std::to_string(rank);
   // Gloo resolves the name and binds a socket to the first address that
   // takes one; when none does, all it says is "Unable to find address for".
-  // Resolving the name here first tells apart a name that does not resolve
-  // from one whose addresses are not this machine's.
-  check_bind_resolves(me, bind);
+  // Trying the same here first says why.
+  check_bind_address(me, bind);
   gloo::transport::tcp::attr attr;
   attr.hostname = bind;
   attr.ai_family = AF_UNSPEC;
@@ -135,9 +158,9 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     device_ = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     const std::string what = strip_location(e.what());
-    if (what.find("Unable to find address for") != std::string::npos) {  // no address of the name could be bound
-      throw IoError(me + ": cannot listen on '" + bind + "': the name resolves, but to no address of this machine (" +
-                    what + "); give --bind one of this host's addresses or host names.");
+    if (what.find("Unable to find address for") != std::string::npos) {  // bound here a moment ago, not now
+      throw IoError(me + ": cannot listen on '" + bind + "': no address of that name could be bound (" + what +
+                    "); give --bind one of this host's addresses or host names.");
     }
     throw IoError(me + ": cannot listen on '" + bind + "': " + what);
   }
