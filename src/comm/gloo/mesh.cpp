@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "../algorithms.h"
@@ -115,28 +116,24 @@ void check_bind_address(const std::string& me, const std::string& bind) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rv = getaddrinfo(bind.c_str(), nullptr, &hints, &found);
+  addrinfo* list = nullptr;
+  const int rv = getaddrinfo(bind.c_str(), nullptr, &hints, &list);
+  const std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> found(list, &freeaddrinfo);
   if (rv != 0) {
-    if (found != nullptr) freeaddrinfo(found);
     const std::string why = rv == EAI_AGAIN ? "the name could not be resolved now, a temporary failure of the resolver ("
                                             : "the name does not resolve (";
     throw IoError(head + why + gai_strerror(rv) + ")" + remedy);
   }
   int first_errno = 0;
   bool only_not_ours = true;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (const addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     const int err = fd < 0 ? errno : (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno);
     if (fd >= 0) ::close(fd);
-    if (err == 0) {  // one address binds (port 0): Gloo can listen there
-      freeaddrinfo(found);
-      return;
-    }
+    if (err == 0) return;  // one address binds (port 0): Gloo can listen there
     if (first_errno == 0) first_errno = err;
     only_not_ours = only_not_ours && err == EADDRNOTAVAIL;
   }
-  freeaddrinfo(found);
   if (only_not_ours) throw IoError(head + "the name resolves, but to no address of this machine" + remedy);
   throw IoError(head + "binding a socket failed (" + std::strerror(first_errno) + ")" + remedy);
 }
