@@ -104,11 +104,6 @@ void time_on_rank(comm::Communicator& c, std::size_t bytes, comm::Algorithm algo
   }
 }
 
-double median(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
 // Median seconds of one all-reduce of `bytes` per rank on `n` in-process replicas.
 double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
   auto comms = comm::make_thread_group({.world_size = n});

@@ -2,6 +2,9 @@
 // They are programs, never timed tests (docs/results.md has their output).
 #include "commands.h"
 
+#include <algorithm>
+#include <cstddef>
+
 namespace lockstep::cli {
 
 Action add_bench_command(CLI::App& app) {
@@ -15,6 +18,13 @@ Action add_bench_command(CLI::App& app) {
     if (bench->got_subcommand("overlap")) return overlap();
     return allreduce();
   };
+}
+
+double median(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  const auto middle = samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2);
+  std::nth_element(samples.begin(), middle, samples.end());
+  return *middle;
 }
 
 }  // namespace lockstep::cli

@@ -32,11 +32,6 @@ struct OverlapFlags {
   bool json = false;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Arm {
   std::string name;
   double bucket_mb;

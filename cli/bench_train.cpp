@@ -143,10 +143,6 @@ int run_bench_train(const BenchFlags& f) {
       flops_per_sample = r.flops_per_sample;
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   double best = 0;
   for (auto& row : rows) {
     row.median = median(row.samples_per_s);
