@@ -20,24 +20,24 @@ constexpr auto kTimeout = std::chrono::milliseconds(500);
 
 enum class Phase { Before, During, After };
 
-struct Case {
+struct FailureCase {
   Algorithm algorithm;
   Phase phase;
   int failing_rank;
   int fail_after_sends;  // for During
 };
 
-std::string name(const Case& c) {
+std::string name(const FailureCase& c) {
   const char* phases[] = {"before", "during", "after"};
   return std::string(to_string(c.algorithm)) + "_" + phases[int(c.phase)] + "_rank" +
          std::to_string(c.failing_rank) +
          (c.phase == Phase::During ? "_send" + std::to_string(c.fail_after_sends) : "");
 }
 
-class FailureInEveryPhase : public ::testing::TestWithParam<Case> {};
+class FailureInEveryPhase : public ::testing::TestWithParam<FailureCase> {};
 
 TEST_P(FailureInEveryPhase, EveryRankStopsWithANamedError) {
-  const Case c = GetParam();
+  const FailureCase c = GetParam();
   const bool native = c.algorithm == Algorithm::SharedMemory;
   const auto start = std::chrono::steady_clock::now();
   auto errors = run_ranks(
@@ -82,8 +82,8 @@ TEST_P(FailureInEveryPhase, EveryRankStopsWithANamedError) {
   }
 }
 
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
+std::vector<FailureCase> all_cases() {
+  std::vector<FailureCase> cases;
   for (auto a : {Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Naive, Algorithm::SharedMemory}) {
     for (int rank : {0, 3}) {
       cases.push_back({a, Phase::Before, rank, -1});

@@ -24,6 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using testing::rethrow_first;
 
 // Tests here finish in well under a second; a hang fails after 20 s.
 std::vector<std::exception_ptr> run_group(const std::vector<std::unique_ptr<Communicator>>& comms,
@@ -35,11 +36,6 @@ std::vector<std::exception_ptr> run_group(const std::vector<std::unique_ptr<Comm
 std::vector<std::unique_ptr<Communicator>> linked_group(int n, const LinkModel& link,
                                                         Duration timeout = 10s) {
   return with_modelled_link(make_thread_group({.world_size = n, .timeout = timeout}), link);
-}
-
-void rethrow_first(const std::vector<std::exception_ptr>& errors) {
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 std::string message_of(const std::exception_ptr& e) {

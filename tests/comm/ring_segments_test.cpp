@@ -18,7 +18,7 @@ namespace {
 using testing::rethrow_first;
 using testing::run_ranks;
 
-std::vector<float> inputs(int rank, std::size_t count) {
+std::vector<float> ring_inputs(int rank, std::size_t count) {
   return testing::order_sensitive_inputs(77, rank, count);
 }
 
@@ -47,7 +47,7 @@ TEST(RingSegments, LargeChunksAreReducedInRingOrderBitForBit) {
       std::vector<std::vector<float>> results(n);
       std::vector<CommStats> used(n);
       rethrow_first(run_ranks(n, [&](Communicator& comm) {
-        auto data = inputs(comm.rank(), count);
+        auto data = ring_inputs(comm.rank(), count);
         const CommStats before = comm.stats();
         allreduce(comm, data,
                   {.op = op, .algorithm = Algorithm::Ring, .verify = false, .ring_segment_bytes = segment_bytes});
@@ -57,7 +57,7 @@ TEST(RingSegments, LargeChunksAreReducedInRingOrderBitForBit) {
         results[comm.rank()] = std::move(data);
       }));
       std::vector<std::vector<float>> in;
-      for (int r = 0; r < n; ++r) in.push_back(inputs(r, count));
+      for (int r = 0; r < n; ++r) in.push_back(ring_inputs(r, count));
       for (std::size_t i = 0; i < count; ++i) {
         const float want = ring_order(in, i, count, op);
         ASSERT_EQ(std::memcmp(&results[0][i], &want, 4), 0)

@@ -11,7 +11,7 @@
 #include "lockstep/error.h"
 #include "lockstep/optim/optimizer.h"
 
-namespace lockstep::optim {
+namespace lockstep::optim::adamw_test {
 namespace {
 
 constexpr std::size_t P = 5;
@@ -133,4 +133,4 @@ TEST(AdamW, InvalidOptionsThrow) {
 }
 
 }  // namespace
-}  // namespace lockstep::optim
+}  // namespace lockstep::optim::adamw_test

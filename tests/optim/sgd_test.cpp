@@ -11,7 +11,7 @@
 #include "lockstep/error.h"
 #include "lockstep/optim/optimizer.h"
 
-namespace lockstep::optim {
+namespace lockstep::optim::sgd_test {
 namespace {
 
 constexpr std::size_t P = 5;
@@ -140,4 +140,4 @@ TEST(Sgd, InvalidOptionsThrow) {
 }
 
 }  // namespace
-}  // namespace lockstep::optim
+}  // namespace lockstep::optim::sgd_test
