@@ -96,11 +96,6 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
     (e.phase == train::Phase::Forward ? forward : backward)[e.layer].push_back((e.end_us - e.start_us) /
                                                                                1000);
   }
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
   cost::Profile p;
   p.model = r.model_description;
   p.replicas = int(r.replicas);
