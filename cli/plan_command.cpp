@@ -30,6 +30,8 @@ struct PlanFlags {
   std::int64_t micro_batch = 32, accumulate = 1;
   std::string optimizer = "momentum", algorithm = "best", compress = "none";
   double first_bucket_mb = 1, bucket_mb = 25;
+  std::string launch = "buckets";
+  double cycle_ms = 5;
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
@@ -125,6 +127,10 @@ int run_plan(PlanFlags& f) {
   s.algorithm = cost::algorithm_from_string(f.algorithm);
   s.first_bucket_mb = f.first_bucket_mb;
   s.bucket_mb = f.bucket_mb;
+  s.launch = f.launch == "layers"   ? cost::StepOptions::Launch::PerLayer
+             : f.launch == "cycles" ? cost::StepOptions::Launch::Cycles
+                                    : cost::StepOptions::Launch::Buckets;
+  s.cycle_ms = f.cycle_ms;
   s.bf16 = f.compress == "bf16";
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
   s.host_cores = f.host_cores;
@@ -217,6 +223,14 @@ Action add_plan_command(CLI::App& app) {
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
       ->check(number_in(0.0, 1e6));
+  cmd->add_option("--launch", f->launch,
+                  "When all-reduces start (buckets: lockstep's and PyTorch DDP's, a bucket when its last "
+                  "gradient is ready; layers: one per layer when it is ready; cycles: Horovod's tensor "
+                  "fusion, every --cycle-ms what is ready, fused up to --bucket-mb)")
+      ->check(CLI::IsMember({"buckets", "layers", "cycles"}));
+  cmd->add_option("--cycle-ms", f->cycle_ms, "With --launch cycles: the time between cycles in ms (Horovod's "
+                                             "HOROVOD_CYCLE_TIME)")
+      ->check(number_in(0.001, 1e6));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "bf16"}));
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")

@@ -39,6 +39,7 @@ std::string plan_json(const Plan& plan) {
                     {"alpha_ms", r.step.alpha_ms},
                     {"beta_ms", r.step.beta_ms},
                     {"gamma_ms", r.step.gamma_ms},
+                    {"negotiation_ms", r.step.negotiation_ms},
                     {"algorithm", to_string(r.step.algorithm)},
                     {"buckets", r.step.buckets.size()},
                     {"gradient_bytes", r.step.gradient_bytes},
@@ -71,6 +72,10 @@ std::string plan_json(const Plan& plan) {
                     {"algorithm", to_string(s.algorithm)},
                     {"first_bucket_mb", s.first_bucket_mb},
                     {"bucket_mb", s.bucket_mb},
+                    {"launch", s.launch == StepOptions::Launch::PerLayer ? "layers"
+                               : s.launch == StepOptions::Launch::Cycles ? "cycles"
+                                                                         : "buckets"},
+                    {"cycle_ms", s.cycle_ms},
                     {"compress", s.bf16 ? "bf16" : "none"},
                     {"per_node", s.topology.per_node},
                     {"link_bytes_per_second", s.topology.inter.bytes_per_second},

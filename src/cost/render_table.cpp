@@ -49,8 +49,12 @@ std::string plan_table(const Plan& plan) {
               link_text(s.topology.inter).c_str());
   else
     t += "link " + link_text(s.topology.inter);
-  t += strf("\nall-reduce %s, buckets %.3g/%.3g MiB%s, accumulate %lld, %s, %.3g per device-hour",
-            to_string(s.algorithm), s.first_bucket_mb, s.bucket_mb, s.bf16 ? ", bf16" : "",
+  const std::string launch =
+      s.launch == StepOptions::Launch::PerLayer ? std::string("one per layer")
+      : s.launch == StepOptions::Launch::Cycles ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
+                                                : strf("buckets %.3g/%.3g MiB", s.first_bucket_mb, s.bucket_mb);
+  t += strf("\nall-reduce %s, %s%s, accumulate %lld, %s, %.3g per device-hour", to_string(s.algorithm),
+            launch.c_str(), s.bf16 ? ", bf16" : "",
             (long long)s.accumulate, to_string(o.optimizer), o.price_per_device_hour);
   if (o.critical_batch > 0) t += strf(", critical batch %.0f", o.critical_batch);
   t += "\n\n";

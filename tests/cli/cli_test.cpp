@@ -403,6 +403,25 @@ TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   EXPECT_EQ(run("plan --link-bandwidth fast").code, 2);
 }
 
+// Horovod's launch schedule from the command line: the inputs echo it, the
+// agreement on what is ready costs time, and one all-reduce per layer
+// launches as many as the model has layers (the default MLP: 3).
+TEST(Cli, PlanLaunchSchedules) {
+  const CliRun cycles = run("plan --replicas 8 --launch cycles --cycle-ms 2 --json");
+  ASSERT_EQ(cycles.code, 0) << cycles.output;
+  const auto c = nlohmann::json::parse(cycles.output);
+  EXPECT_EQ(c["inputs"]["launch"], "cycles");
+  EXPECT_DOUBLE_EQ(c["inputs"]["cycle_ms"].get<double>(), 2.0);
+  EXPECT_GT(c["rows"][0]["negotiation_ms"].get<double>(), 0);
+  const CliRun layers = run("plan --replicas 8 --launch layers --json");
+  ASSERT_EQ(layers.code, 0) << layers.output;
+  EXPECT_EQ(nlohmann::json::parse(layers.output)["rows"][0]["buckets"], 3);
+  const CliRun table = run("plan --launch cycles");
+  EXPECT_NE(table.output.find("fused every 5 ms up to 25 MiB"), std::string::npos) << table.output;
+  EXPECT_EQ(run("plan --launch sometimes").code, 2);
+  EXPECT_EQ(run("plan --cycle-ms 0").code, 2);
+}
+
 // `lockstep train`'s in-process replicas on a small machine: 8 replicas on 2
 // cores compute 4 times as long per step as one, and pay the host's hand-off
 // in every round.

@@ -227,6 +227,78 @@ TEST(StepCost, SharedCoresBoundTheReductions) {
   EXPECT_NEAR(shared.alpha_ms + shared.beta_ms + shared.gamma_ms, shared.comm_ms, 1e-9);
 }
 
+TEST(StepCost, PerLayerLaunchesEachLayerWhenItIsReady) {
+  // Backward: last (2 ms, ready at 4 ms) then first (3 ms, ready at 7 ms).
+  // Each is its own all-reduce, even the 4 KiB one the 1 MiB first bucket would hold.
+  StepOptions o = two_replicas();
+  o.launch = StepOptions::Launch::PerLayer;
+  const Profile p = two_layers(8 * kMiB, 3, 4096, 2);
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_NEAR(s.buckets[0].bytes, 4096, 1e-9);
+  EXPECT_NEAR(s.buckets[0].start_ms, 4, 1e-9);
+  EXPECT_NEAR(s.buckets[1].start_ms, 7, 1e-9);
+  EXPECT_NEAR(s.exposed_comm_ms, 8 * kMiB / 1e6, 1e-9);
+  EXPECT_EQ(s.negotiation_ms, 0);
+}
+
+TEST(StepCost, CyclesFuseWhatIsReadyAtTheMedianPhase) {
+  // 1 MB layers (1 ms each on the link), ready at 4 ms (last) and 6 ms
+  // (first); a 4 ms cycle whose first wake-up is at phase p in [0, 4). The
+  // first cycle with work is at p + 4. For p >= 2 both are ready: one fused
+  // 2 ms all-reduce, ending at p + 6. For p < 2 only the last is: it ends at
+  // p + 5, and the first goes at the next cycle, p + 8, ending at p + 9. Over
+  // the 16 phases 0.125, 0.375 ... 3.875 the upper median end is 9.625 ms,
+  // from p = 0.625 (split): all-reduces at 4.625 and 8.625, exposed 3.625.
+  StepOptions o = two_replicas();
+  o.launch = StepOptions::Launch::Cycles;
+  o.cycle_ms = 4;
+  const Profile p = two_layers(1e6, 2, 1e6, 2);
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_NEAR(s.buckets[0].start_ms, 4.625, 1e-9);
+  EXPECT_NEAR(s.buckets[0].bytes, 1e6, 1e-9);
+  EXPECT_NEAR(s.buckets[1].start_ms, 8.625, 1e-9);
+  EXPECT_NEAR(s.exposed_comm_ms, 3.625, 1e-9);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + 3.625, 1e-9);
+  EXPECT_EQ(s.negotiation_ms, 0);  // no latency on this link
+
+  // With a 100 ms cycle, every phase finds both ready in the same cycle: one
+  // fused all-reduce, or, under a 1 MB fusion cap, two back to back.
+  o.cycle_ms = 100;
+  const StepPrediction fused = predict_step(p, o);
+  ASSERT_EQ(fused.buckets.size(), 1u);
+  EXPECT_NEAR(fused.buckets[0].bytes, 2e6, 1e-9);
+  o.bucket_mb = 1e6 / kMiB;
+  const StepPrediction capped = predict_step(p, o);
+  ASSERT_EQ(capped.buckets.size(), 2u);
+  EXPECT_NEAR(capped.buckets[0].start_ms, fused.buckets[0].start_ms, 1e-9);
+  EXPECT_NEAR(capped.buckets[1].start_ms, capped.buckets[0].end_ms, 1e-9);
+  EXPECT_NEAR(capped.buckets[1].end_ms, fused.buckets[0].end_ms, 1e-9);  // no latency: the same bytes, the same time
+}
+
+TEST(StepCost, CyclesPayTheNegotiationEveryCycleWithWork) {
+  // 8 replicas, 4 per node: a gather and a broadcast of log2(4) = 2 rounds
+  // inside nodes (5 us) and log2(2) = 1 across (10 us): 2 x (10 + 10) = 40 us.
+  // One layer: one cycle with work.
+  StepOptions o{.replicas = 8,
+                .micro_batch = 1,
+                .topology = {.per_node = 4, .intra = {1e12, 5e-6}, .inter = {1e12, 10e-6}},
+                .algorithm = Algorithm::Ring,
+                .launch = StepOptions::Launch::Cycles,
+                .cycle_ms = 1};
+  const Profile p{.model = "one layer", .layers = {{"only", 1000, 1, 1}}, .micro_batch = 1, .step_compute_ms = 2};
+  const StepPrediction s = predict_step(p, o);
+  EXPECT_NEAR(s.negotiation_ms, 0.04, 1e-12);
+  ASSERT_EQ(s.buckets.size(), 1u);
+  EXPECT_GE(s.buckets[0].start_ms - s.buckets[0].ready_ms, 0.04 - 1e-12);
+
+  // One replica communicates nothing, so it waits for no cycle.
+  o.replicas = 1;
+  EXPECT_EQ(predict_step(p, o).exposed_comm_ms, 0);
+  EXPECT_EQ(predict_step(p, o).negotiation_ms, 0);
+}
+
 TEST(StepCost, BadOptionsAreRejected) {
   const Profile p = mlp_on_cpu(32);
   EXPECT_THROW(predict_step(p, {.replicas = 0}), InvalidArgument);
@@ -235,6 +307,7 @@ TEST(StepCost, BadOptionsAreRejected) {
   EXPECT_THROW(predict_step(p, {.bucket_mb = -1}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.host_cores = -1}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.host_latency_s = -1e-6}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.launch = StepOptions::Launch::Cycles, .cycle_ms = 0}), InvalidArgument);
   EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
 }
 
