@@ -35,7 +35,7 @@ struct PlanFlags {
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
-  CLI::Option *model_opt = nullptr, *replicas_opt = nullptr, *micro_batch_opt = nullptr;
+  CLI::Option *model_opt = nullptr, *replicas_opt = nullptr, *micro_batch_opt = nullptr, *cycle_ms_opt = nullptr;
 };
 
 cost::Optimizer optimizer_from(const std::string& name) {
@@ -130,6 +130,8 @@ int run_plan(PlanFlags& f) {
   s.launch = f.launch == "layers"   ? cost::StepOptions::Launch::PerLayer
              : f.launch == "cycles" ? cost::StepOptions::Launch::Cycles
                                     : cost::StepOptions::Launch::Buckets;
+  if (f.cycle_ms_opt->count() > 0 && s.launch != cost::StepOptions::Launch::Cycles)
+    throw InvalidArgument("--cycle-ms applies only with --launch cycles; add --launch cycles or drop it.");
   s.cycle_ms = f.cycle_ms;
   s.bf16 = f.compress == "bf16";
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
@@ -219,7 +221,9 @@ Action add_plan_command(CLI::App& app) {
          "All-reduce algorithm (best: the cheapest per bucket; auto: what `lockstep train` does over a "
          "modelled link)")
       ->check(CLI::IsMember({"best", "auto", "ring", "halving_doubling", "tree", "hierarchical"}));
-  cmd->add_option("--bucket-mb", f->bucket_mb, "Gradient bucket size in MiB (0: one bucket after backward)")
+  cmd->add_option("--bucket-mb", f->bucket_mb,
+                  "Gradient bucket size in MiB (0: one bucket after backward); with --launch cycles, the "
+                  "fusion cap (0: no fusion)")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
       ->check(number_in(0.0, 1e6));
@@ -228,7 +232,7 @@ Action add_plan_command(CLI::App& app) {
                   "gradient is ready; layers: one per layer when it is ready; cycles: Horovod's tensor "
                   "fusion, every --cycle-ms what is ready, fused up to --bucket-mb)")
       ->check(CLI::IsMember({"buckets", "layers", "cycles"}));
-  cmd->add_option("--cycle-ms", f->cycle_ms, "With --launch cycles: the time between cycles in ms (Horovod's "
+  f->cycle_ms_opt = cmd->add_option("--cycle-ms", f->cycle_ms, "With --launch cycles: the time between cycles in ms (Horovod's "
                                              "HOROVOD_CYCLE_TIME)")
       ->check(number_in(0.001, 1e6));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")

@@ -44,6 +44,13 @@ std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow
           ms_text(s.comm_ms).c_str(), ms_text(window).c_str(), ms_text(s.exposed_comm_ms).c_str(),
           ms_text(s.compute_ms).c_str());
     case Bound::ExposedTail: {
+      if (o.step.launch == StepOptions::Launch::Cycles)
+        return strf(
+            "exposed tail: the all-reduces (%s) are shorter than backward (%s), but the last gradients wait "
+            "for the next fusion cycle (every %s) and for the ranks to agree on what is ready (%s a step), so "
+            "%s is exposed against %s of compute.",
+            ms_text(s.comm_ms).c_str(), ms_text(window).c_str(), ms_text(o.step.cycle_ms).c_str(),
+            ms_text(s.negotiation_ms).c_str(), ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str());
       const double tail = s.buckets.empty() ? 0 : s.buckets.back().bytes;
       return strf(
           "exposed tail: the all-reduces (%s) are shorter than backward (%s), but the last bucket (%s, the "

@@ -139,7 +139,8 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
                           m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
   out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded", base.step.step_ms + c / 2,
                           m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent));
-  const double exposed_share = c > 0 ? base.step.exposed_comm_ms / c : 0;
+  // Under Horovod's cycles the exposed time also holds the wait for a cycle: at most all of c.
+  const double exposed_share = c > 0 ? std::min(1.0, base.step.exposed_comm_ms / c) : 0;
   const double z3 = base.step.step_ms + std::max(0.0, c / 2 - base.step.forward_ms) + c / 2 * exposed_share;
   out.push_back(with_step("ZeRO-3", "weights, gradients and optimizer state sharded", z3,
                           (m.weights + m.gradients + m.optimizer_state) / n + m.activations, 1.5 * sent));

@@ -51,7 +51,9 @@ std::string plan_table(const Plan& plan) {
     t += "link " + link_text(s.topology.inter);
   const std::string launch =
       s.launch == StepOptions::Launch::PerLayer ? std::string("one per layer")
-      : s.launch == StepOptions::Launch::Cycles ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
+      : s.launch == StepOptions::Launch::Cycles
+          ? (s.bucket_mb > 0 ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
+                             : strf("every %.3g ms, not fused", s.cycle_ms))
                                                 : strf("buckets %.3g/%.3g MiB", s.first_bucket_mb, s.bucket_mb);
   t += strf("\nall-reduce %s, %s%s, accumulate %lld, %s, %.3g per device-hour", to_string(s.algorithm),
             launch.c_str(), s.bf16 ? ", bf16" : "",

@@ -23,6 +23,78 @@ double core_sharing(int replicas, int host_cores) {
   return double(replicas) / double(host_cores);
 }
 
+namespace {
+
+// Horovod's cycles in steady state (docs/cost-model.md, "Launch schedules").
+// The background thread keeps its own clock: it wakes every cycle_ms, and a
+// cycle that finds gradients ready on every rank pays the agreement, then
+// all-reduces them, fused in order into buffers of at most bucket_mb (0: no
+// fusion; a bigger layer goes alone). The next cycle begins cycle_ms after
+// this one began, or when its all-reduces end if that is later. Steps follow
+// each other on the same clock (a step begins when the last one's optimizer
+// ends), so where a step falls against the cycles depends on the steps
+// before it. The model runs kWarmup steps, then averages kMeasured:
+// returns the mean exposed time; the terms are per-step means through
+// `all_reduce`, and s.buckets lists the last step's all-reduces.
+template <typename AllReduce>
+double cycle_steady_state(const StepOptions& o, const std::vector<double>& ready,
+                          const std::vector<std::size_t>& numels, double backward_end, double compute_ms,
+                          AllReduce&& all_reduce, double* negotiation_ms) {
+  constexpr int kWarmup = 16, kMeasured = 64;
+  const double f = core_sharing(o.replicas, o.host_cores);
+  // Agreeing on what is ready: a binomial-tree gather to rank 0 and a
+  // broadcast back, log2(G) rounds inside a node and log2(M) across nodes.
+  const int g = std::max(1, std::min(o.topology.per_node, o.replicas));
+  const int m = (o.replicas + g - 1) / g;
+  const auto lg = [](int x) { return std::ceil(std::log2(double(std::max(1, x)))); };
+  const double negotiation = 1e3 * 2 *
+                             (lg(g) * (o.topology.intra.latency_s + f * o.host_latency_s) +
+                              lg(m) * (o.topology.inter.latency_s + f * o.host_latency_s));
+  const double cap = double(std::llround(o.bucket_mb * (1 << 20)));
+  const double wire = o.bf16 ? 0.5 : 1.0;
+  // The layers with gradients, in the order backward readies them.
+  std::vector<std::size_t> order;
+  for (std::size_t i = ready.size(); i-- > 0;)
+    if (numels[i] > 0) order.push_back(i);
+
+  double step_start = 0, cycle = 0, exposed_sum = 0;
+  *negotiation_ms = 0;
+  for (int step = 0; step < kWarmup + kMeasured; ++step) {
+    const bool measured = step >= kWarmup, last = step + 1 == kWarmup + kMeasured;
+    const double weight = measured ? 1.0 / kMeasured : 0.0;
+    const auto at = [&](std::size_t k) { return step_start + ready[order[k]]; };
+    std::size_t next = 0;  // order[next] is the next layer to send
+    double end = step_start;
+    while (next < order.size()) {
+      if (at(next) > cycle) {  // nothing ready: sleep to the first cycle after it is
+        cycle += o.cycle_ms * std::ceil((at(next) - cycle) / o.cycle_ms);
+        continue;
+      }
+      double t = cycle + negotiation;
+      *negotiation_ms += weight * negotiation;
+      while (next < order.size() && at(next) <= cycle) {
+        double bytes = 0, last_ready = 0;
+        while (next < order.size() && at(next) <= cycle) {
+          const double b = double(numels[order[next]]) * 4;
+          if (bytes > 0 && (cap == 0 || (bytes + b) * wire > cap)) break;
+          bytes += b;
+          last_ready = std::max(last_ready, at(next));
+          ++next;
+        }
+        t = all_reduce(bytes, last_ready - step_start, t - step_start, weight, last) + step_start;
+      }
+      end = t;
+      cycle = std::max(t, cycle + o.cycle_ms);
+    }
+    const double exposed = std::max(0.0, end - (step_start + backward_end));
+    if (measured) exposed_sum += exposed;
+    step_start += compute_ms + exposed;
+  }
+  return exposed_sum / kMeasured;
+}
+
+}  // namespace
+
 StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   if (o.replicas < 1)
     throw InvalidArgument("replicas must be at least 1, got " + std::to_string(o.replicas) + ".");
@@ -83,6 +155,7 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     }
     return c;
   };
+  const double wire = o.bf16 ? 0.5 : 1.0;  // bytes on the wire per fp32 gradient byte
   const auto price = [&](double bytes) {
     CollectiveCost c = on_this_host(bytes, o.algorithm);
     if (o.algorithm == Algorithm::Best)
@@ -93,22 +166,28 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     return c;
   };
   // One all-reduce launched at `start`, of layers whose last gradient was ready at `ready_ms`.
+  // One all-reduce of `fp32_bytes`, launched at `start_ms`, of layers whose
+  // last gradient was ready at `ready_ms`. Its terms count `weight` times
+  // (Cycles averages over steps); `record` lists it in s.buckets.
   double largest = -1;
-  const auto all_reduce = [&](double fp32_bytes, double ready_ms, double start_ms) {
-    const double bytes = fp32_bytes * (o.bf16 ? 0.5 : 1.0);
+  const auto all_reduce = [&](double fp32_bytes, double ready_ms, double start_ms, double weight = 1,
+                              bool record = true) {
+    const double bytes = fp32_bytes * wire;
     const CollectiveCost c = price(bytes);
     BucketTime bt{.bytes = bytes, .ready_ms = ready_ms, .start_ms = start_ms};
     bt.end_ms = start_ms + 1e3 * c.seconds;
-    s.comm_ms += 1e3 * c.seconds;
-    s.alpha_ms += 1e3 * c.alpha_s;
-    s.beta_ms += 1e3 * c.beta_s;
-    s.gamma_ms += 1e3 * c.gamma_s;
-    s.bytes_sent += c.bytes_sent;
-    if (bytes > largest) {
-      largest = bytes;
-      s.algorithm = c.algorithm;
+    s.comm_ms += weight * 1e3 * c.seconds;
+    s.alpha_ms += weight * 1e3 * c.alpha_s;
+    s.beta_ms += weight * 1e3 * c.beta_s;
+    s.gamma_ms += weight * 1e3 * c.gamma_s;
+    s.bytes_sent += weight * c.bytes_sent;
+    if (record) {
+      if (bytes > largest) {
+        largest = bytes;
+        s.algorithm = c.algorithm;
+      }
+      s.buckets.push_back(bt);
     }
-    s.buckets.push_back(bt);
     return bt.end_ms;
   };
 
@@ -116,91 +195,29 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   std::vector<std::size_t> numels(n);
   for (std::size_t i = 0; i < n; ++i)
     numels[i] = static_cast<std::size_t>(std::llround(profile.layers[i].param_bytes / 4));
-  const auto numels_of = [&](std::size_t i) { return numels[i]; };
 
-  double stream_free = 0;
-  if (o.launch == StepOptions::Launch::Cycles && !(o.cycle_ms > 0))
-    throw InvalidArgument("the cycle time must be positive milliseconds.");
+  if (o.launch == StepOptions::Launch::Cycles && !(o.cycle_ms > 0 && std::isfinite(o.cycle_ms)))
+    throw InvalidArgument("the cycle time must be a positive, finite number of milliseconds.");
   if (o.launch == StepOptions::Launch::Cycles && o.replicas > 1) {
-    // Agreeing on what is ready: a binomial-tree gather to rank 0 and a
-    // broadcast back, log2(G) rounds inside a node and log2(M) across nodes.
-    const int g = std::max(1, std::min(o.topology.per_node, o.replicas));
-    const int m = (o.replicas + g - 1) / g;
-    const auto lg = [](int x) { return std::ceil(std::log2(double(std::max(1, x)))); };
-    const double negotiation = 1e3 * 2 *
-                               (lg(g) * (o.topology.intra.latency_s + f * o.host_latency_s) +
-                                lg(m) * (o.topology.inter.latency_s + f * o.host_latency_s));
-    const double cap = double(std::llround(o.bucket_mb * (1 << 20)));
-    struct Launched {
-      double bytes, ready_ms, start_ms;
-    };
-    // The thread's cycles are not aligned with the step: the first one begins
-    // at `phase`. A cycle that finds gradients ready pays the negotiation,
-    // then all-reduces them, fused in order into buffers of at most `cap` (a
-    // bigger layer goes alone). The next cycle begins cycle_ms after this one
-    // began, or when its all-reduces end if that is later.
-    const auto schedule = [&](double phase, double* end_ms, int* cycles) {
-      std::vector<Launched> out;
-      std::size_t pending = n;  // layers [0, pending) still to send; backward readies them from the top
-      double cycle = phase, t = 0;
-      *cycles = 0;
-      while (pending > 0) {
-        if (ready[pending - 1] > cycle) {  // nothing ready: sleep to the first cycle after it is
-          cycle += o.cycle_ms * std::ceil((ready[pending - 1] - cycle) / o.cycle_ms);
-          continue;
-        }
-        t = cycle + negotiation;
-        ++*cycles;
-        while (pending > 0 && ready[pending - 1] <= cycle) {
-          Launched l{.bytes = 0, .ready_ms = 0, .start_ms = t};
-          while (pending > 0 && ready[pending - 1] <= cycle) {
-            const double b = double(numels_of(pending - 1)) * 4;
-            if (l.bytes > 0 && cap > 0 && l.bytes + b > cap) break;
-            l.bytes += b;
-            l.ready_ms = std::max(l.ready_ms, ready[pending - 1]);
-            --pending;
-          }
-          t += 1e3 * price(l.bytes * (o.bf16 ? 0.5 : 1.0)).seconds;
-          out.push_back(l);
-        }
-        cycle = std::max(t, cycle + o.cycle_ms);
-      }
-      *end_ms = t;
-      return out;
-    };
-    // The phase is arbitrary, so take the schedule whose end is the median
-    // over kPhases evenly spaced phases (the upper middle).
-    constexpr int kPhases = 16;
-    std::vector<std::pair<double, double>> ends;  // (end, phase)
-    for (int k = 0; k < kPhases; ++k) {
-      const double phase = (k + 0.5) * o.cycle_ms / kPhases;
-      double end_ms = 0;
-      int cycles = 0;
-      schedule(phase, &end_ms, &cycles);
-      ends.emplace_back(end_ms, phase);
-    }
-    std::nth_element(ends.begin(), ends.begin() + kPhases / 2, ends.end());
-    double end_ms = 0;
-    int cycles = 0;
-    for (const Launched& l : schedule(ends[kPhases / 2].second, &end_ms, &cycles))
-      all_reduce(l.bytes, l.ready_ms, l.start_ms);
-    s.negotiation_ms = cycles * negotiation;
-    stream_free = end_ms;
+    s.exposed_comm_ms = cycle_steady_state(o, ready, numels, backward_end, s.compute_ms, all_reduce,
+                                           &s.negotiation_ms);
+    s.step_ms = s.compute_ms + s.exposed_comm_ms;
+    return s;
+  }
+  double stream_free = 0;
+  std::vector<ddp::Bucket> buckets;
+  if (o.launch != StepOptions::Launch::Buckets) {  // per layer (and Cycles with one replica: nothing to agree on)
+    for (std::size_t i = n; i-- > 0;) buckets.push_back({.numel = numels[i], .tensors = {i}});
   } else {
-    std::vector<ddp::Bucket> buckets;
-    if (o.launch == StepOptions::Launch::PerLayer) {
-      for (std::size_t i = n; i-- > 0;) buckets.push_back({.numel = numels[i], .tensors = {i}});
-    } else {
-      const auto mib = [](double mb) { return static_cast<std::size_t>(std::llround(mb * (1 << 20))); };
-      buckets = ddp::assign_buckets(numels, mib(o.first_bucket_mb), mib(o.bucket_mb));
-    }
-    for (const auto& b : buckets) {
-      if (b.numel == 0) continue;
-      double bucket_ready = 0;
-      for (auto i : b.tensors) bucket_ready = std::max(bucket_ready, ready[i]);
-      // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
-      stream_free = all_reduce(double(b.bytes()), bucket_ready, std::max(bucket_ready, stream_free));
-    }
+    const auto mib = [](double mb) { return static_cast<std::size_t>(std::llround(mb * (1 << 20))); };
+    buckets = ddp::assign_buckets(numels, mib(o.first_bucket_mb), mib(o.bucket_mb));
+  }
+  for (const auto& b : buckets) {
+    if (b.numel == 0) continue;
+    double bucket_ready = 0;
+    for (auto i : b.tensors) bucket_ready = std::max(bucket_ready, ready[i]);
+    // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
+    stream_free = all_reduce(double(b.bytes()), bucket_ready, std::max(bucket_ready, stream_free));
   }
   s.exposed_comm_ms = std::max(0.0, stream_free - backward_end);
   s.step_ms = s.compute_ms + s.exposed_comm_ms;

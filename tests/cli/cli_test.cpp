@@ -418,8 +418,12 @@ TEST(Cli, PlanLaunchSchedules) {
   EXPECT_EQ(nlohmann::json::parse(layers.output)["rows"][0]["buckets"], 3);
   const CliRun table = run("plan --launch cycles");
   EXPECT_NE(table.output.find("fused every 5 ms up to 25 MiB"), std::string::npos) << table.output;
+  EXPECT_NE(run("plan --launch cycles --bucket-mb 0").output.find("every 5 ms, not fused"), std::string::npos);
   EXPECT_EQ(run("plan --launch sometimes").code, 2);
-  EXPECT_EQ(run("plan --cycle-ms 0").code, 2);
+  EXPECT_EQ(run("plan --launch cycles --cycle-ms 0").code, 2);
+  const CliRun stray = run("plan --cycle-ms 2");
+  EXPECT_EQ(stray.code, 2);
+  EXPECT_NE(stray.output.find("--cycle-ms applies only with --launch cycles"), std::string::npos) << stray.output;
 }
 
 // `lockstep train`'s in-process replicas on a small machine: 8 replicas on 2

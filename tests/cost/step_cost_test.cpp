@@ -240,47 +240,92 @@ TEST(StepCost, PerLayerLaunchesEachLayerWhenItIsReady) {
   EXPECT_NEAR(s.buckets[1].start_ms, 7, 1e-9);
   EXPECT_NEAR(s.exposed_comm_ms, 8 * kMiB / 1e6, 1e-9);
   EXPECT_EQ(s.negotiation_ms, 0);
+
+  // A 4 MiB last layer is still on the wire (4-8.19 ms) when the first is
+  // ready at 7: it waits its turn on the one stream.
+  const StepPrediction queued = predict_step(two_layers(8 * kMiB, 3, 4 * kMiB, 2), o);
+  ASSERT_EQ(queued.buckets.size(), 2u);
+  EXPECT_NEAR(queued.buckets[1].start_ms, queued.buckets[0].end_ms, 1e-9);
+  EXPECT_NEAR(queued.buckets[0].end_ms, 4 + 4 * kMiB / 1e6, 1e-9);
 }
 
-TEST(StepCost, CyclesFuseWhatIsReadyAtTheMedianPhase) {
-  // 1 MB layers (1 ms each on the link), ready at 4 ms (last) and 6 ms
-  // (first); a 4 ms cycle whose first wake-up is at phase p in [0, 4). The
-  // first cycle with work is at p + 4. For p >= 2 both are ready: one fused
-  // 2 ms all-reduce, ending at p + 6. For p < 2 only the last is: it ends at
-  // p + 5, and the first goes at the next cycle, p + 8, ending at p + 9. Over
-  // the 16 phases 0.125, 0.375 ... 3.875 the upper median end is 9.625 ms,
-  // from p = 0.625 (split): all-reduces at 4.625 and 8.625, exposed 3.625.
+TEST(StepCost, CyclesReachASteadyStateAcrossSteps) {
+  // 1 MB layers (1 ms each on the link), ready 4 ms (last) and 6 ms (first)
+  // into a 6.5 ms step; a 4 ms cycle on the thread's own clock, which runs
+  // across steps. Step 0 starts with a cycle: the cycle at 4 finds only the
+  // last layer (4-5 ms), the one at 8 the first (8-9): exposed 3, the next
+  // step starts at 9.5. From there the steps alternate:
+  // - one starting at 9.5: nothing at the cycle at 12, both at 16, fused
+  //   (16-18): exposed 2.5, step 9;
+  // - one starting at 18.5: only the last at 24 (24-25), the first at 28
+  //   (28-29): exposed 4.5, step 11.
+  // The mean over the measured steps is a 10 ms step, 3.5 ms exposed; the
+  // last step (an odd one) fuses both.
   StepOptions o = two_replicas();
   o.launch = StepOptions::Launch::Cycles;
   o.cycle_ms = 4;
   const Profile p = two_layers(1e6, 2, 1e6, 2);
   const StepPrediction s = predict_step(p, o);
-  ASSERT_EQ(s.buckets.size(), 2u);
-  EXPECT_NEAR(s.buckets[0].start_ms, 4.625, 1e-9);
-  EXPECT_NEAR(s.buckets[0].bytes, 1e6, 1e-9);
-  EXPECT_NEAR(s.buckets[1].start_ms, 8.625, 1e-9);
-  EXPECT_NEAR(s.exposed_comm_ms, 3.625, 1e-9);
-  EXPECT_NEAR(s.step_ms, s.compute_ms + 3.625, 1e-9);
+  EXPECT_NEAR(s.exposed_comm_ms, 3.5, 1e-9);
+  EXPECT_NEAR(s.step_ms, 10, 1e-9);
+  EXPECT_NEAR(s.comm_ms, 2, 1e-9);  // per step, fused or not: 2 MB
+  ASSERT_EQ(s.buckets.size(), 1u);
+  EXPECT_NEAR(s.buckets[0].bytes, 2e6, 1e-9);
+  EXPECT_NEAR(s.buckets[0].ready_ms, 6, 1e-9);
+  EXPECT_NEAR(s.buckets[0].start_ms, 16 - 9.5, 1e-9);
   EXPECT_EQ(s.negotiation_ms, 0);  // no latency on this link
 
-  // With a 100 ms cycle, every phase finds both ready in the same cycle: one
-  // fused all-reduce, or, under a 1 MB fusion cap, two back to back.
+  // A 100 ms cycle: every step waits for its cycle, so a step takes a cycle.
+  // Both layers are ready in it: one fused all-reduce, or, under a 1 MB
+  // fusion cap, two back to back.
   o.cycle_ms = 100;
   const StepPrediction fused = predict_step(p, o);
+  EXPECT_NEAR(fused.step_ms, 100, 1e-9);
   ASSERT_EQ(fused.buckets.size(), 1u);
-  EXPECT_NEAR(fused.buckets[0].bytes, 2e6, 1e-9);
   o.bucket_mb = 1e6 / kMiB;
   const StepPrediction capped = predict_step(p, o);
   ASSERT_EQ(capped.buckets.size(), 2u);
-  EXPECT_NEAR(capped.buckets[0].start_ms, fused.buckets[0].start_ms, 1e-9);
   EXPECT_NEAR(capped.buckets[1].start_ms, capped.buckets[0].end_ms, 1e-9);
-  EXPECT_NEAR(capped.buckets[1].end_ms, fused.buckets[0].end_ms, 1e-9);  // no latency: the same bytes, the same time
+  EXPECT_NEAR(capped.step_ms, 100, 1e-9);
+  o.bucket_mb = 0;  // Horovod's threshold 0: no fusion
+  EXPECT_EQ(predict_step(p, o).buckets.size(), 2u);
 }
 
-TEST(StepCost, CyclesPayTheNegotiationEveryCycleWithWork) {
+TEST(StepCost, CyclesWaitForAllReducesThatOutlastACycleAndPayTheAgreement) {
+  // Two 3 MiB layers on a 1 GiB/s link with latency L = 2^-14 s: each
+  // all-reduce takes A = 3/1024 s + 2L (two rounds) and every cycle with
+  // work pays v = 2L to agree (one round each way between two nodes). All
+  // times are multiples of 1/1024 ms, so exact. Forward 2 ms, backward 2 + 2
+  // ms, no optimizer: ready at 4 and 6 in a 6 ms step; a 1 ms cycle.
+  // The cycle at 4 finds the last layer: v, then A. The next cycle starts
+  // when that ends (later than 5): v, then the first layer's A. Exposed:
+  // 4 + 2v + 2A - 6, the same every step (each step starts on a cycle, so
+  // its last layer is ready exactly on one: ready <= cycle counts).
+  const double mib3 = 3 * kMiB, latency_s = 1.0 / 16384;
+  StepOptions o{.replicas = 2,
+                .micro_batch = 1,
+                .topology = {.inter = {double(1 << 30), latency_s}},
+                .algorithm = Algorithm::Ring,
+                .launch = StepOptions::Launch::Cycles,
+                .cycle_ms = 1};
+  const Profile p{.model = "two layers",
+                  .layers = {{"first", mib3, 1, 2}, {"last", mib3, 1, 2}},
+                  .micro_batch = 1,
+                  .step_compute_ms = 6};
+  const double v = 2e3 * latency_s, a = 1e3 * 3.0 / 1024 + 2e3 * latency_s;
+  const StepPrediction s = predict_step(p, o);
+  EXPECT_DOUBLE_EQ(s.exposed_comm_ms, 2 * v + 2 * a - 2);
+  EXPECT_DOUBLE_EQ(s.negotiation_ms, 2 * v);
+  EXPECT_DOUBLE_EQ(s.comm_ms, 2 * a);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_DOUBLE_EQ(s.buckets[0].start_ms, 4 + v);
+  EXPECT_DOUBLE_EQ(s.buckets[1].start_ms, s.buckets[0].end_ms + v);
+}
+
+TEST(StepCost, CyclesAgreementScalesWithTheTreeDepth) {
   // 8 replicas, 4 per node: a gather and a broadcast of log2(4) = 2 rounds
   // inside nodes (5 us) and log2(2) = 1 across (10 us): 2 x (10 + 10) = 40 us.
-  // One layer: one cycle with work.
+  // One layer: one cycle with work per step.
   StepOptions o{.replicas = 8,
                 .micro_batch = 1,
                 .topology = {.per_node = 4, .intra = {1e12, 5e-6}, .inter = {1e12, 10e-6}},
@@ -288,15 +333,13 @@ TEST(StepCost, CyclesPayTheNegotiationEveryCycleWithWork) {
                 .launch = StepOptions::Launch::Cycles,
                 .cycle_ms = 1};
   const Profile p{.model = "one layer", .layers = {{"only", 1000, 1, 1}}, .micro_batch = 1, .step_compute_ms = 2};
-  const StepPrediction s = predict_step(p, o);
-  EXPECT_NEAR(s.negotiation_ms, 0.04, 1e-12);
-  ASSERT_EQ(s.buckets.size(), 1u);
-  EXPECT_GE(s.buckets[0].start_ms - s.buckets[0].ready_ms, 0.04 - 1e-12);
+  EXPECT_NEAR(predict_step(p, o).negotiation_ms, 0.04, 1e-12);
 
   // One replica communicates nothing, so it waits for no cycle.
   o.replicas = 1;
-  EXPECT_EQ(predict_step(p, o).exposed_comm_ms, 0);
-  EXPECT_EQ(predict_step(p, o).negotiation_ms, 0);
+  const StepPrediction one = predict_step(p, o);
+  EXPECT_EQ(one.exposed_comm_ms, 0);
+  EXPECT_EQ(one.negotiation_ms, 0);
 }
 
 TEST(StepCost, BadOptionsAreRejected) {
@@ -308,6 +351,7 @@ TEST(StepCost, BadOptionsAreRejected) {
   EXPECT_THROW(predict_step(p, {.host_cores = -1}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.host_latency_s = -1e-6}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.launch = StepOptions::Launch::Cycles, .cycle_ms = 0}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.launch = StepOptions::Launch::Cycles, .cycle_ms = INFINITY}), InvalidArgument);
   EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
 }
 

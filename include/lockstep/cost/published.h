@@ -12,7 +12,8 @@ struct PublishedCase {
   std::string name;                 // "Goyal et al. 2017, ResNet-50, 256 P100"
   std::string inputs;               // the inputs used, one line
   double published = 0;             // efficiency the paper reports
-  double predicted = 0;             // efficiency the model predicts
+  double predicted = 0;             // efficiency the model predicts, with the system's launch schedule
+  double predicted_size_buckets = 0;  // the same with size buckets of the system's caps instead
   double predicted_no_overlap = 0;  // the same with one bucket after backward (a bound)
   std::string note;                 // when off by more than 5 points: which term is wrong
 };

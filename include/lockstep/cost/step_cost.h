@@ -42,14 +42,16 @@ struct StepOptions {
   Topology topology;
   Algorithm algorithm = Algorithm::Best;
   double first_bucket_mb = 1;     // MiB, as ddp::ReducerOptions
-  double bucket_mb = 25;          // MiB; 0 = one bucket after backward (no overlap)
+  double bucket_mb = 25;          // MiB; 0 = one bucket after backward (no overlap); with Cycles, the
+                                  // fusion cap in bytes on the wire, 0 = no fusion (Horovod's threshold 0)
   // How gradients are grouped into all-reduces (docs/cost-model.md, "Launch schedules"):
   // - Buckets: lockstep's and PyTorch DDP's; a bucket launches when its last gradient is ready.
   // - PerLayer: one all-reduce per layer, as soon as its gradient is ready (Goyal et al. 2017).
   // - Cycles: Horovod's tensor fusion. A background thread wakes every cycle_ms, agrees with the
   //   other ranks on which gradients are ready (a gather to rank 0 and a broadcast back), and
   //   all-reduces them fused into buffers of at most bucket_mb; the next cycle starts cycle_ms
-  //   after this one began, or when its all-reduces end if that is later.
+  //   after this one began, or when its all-reduces end if that is later. The thread's clock runs
+  //   across steps, so the prediction is the steady state: the mean over 64 steps after 16.
   enum class Launch { Buckets, PerLayer, Cycles };
   Launch launch = Launch::Buckets;
   double cycle_ms = 5;            // Cycles only: Horovod's HOROVOD_CYCLE_TIME (5 ms until v0.21)
@@ -75,7 +77,7 @@ struct StepPrediction {
   double comm_ms = 0;                                        // sum of the buckets' all-reduces
   double alpha_ms = 0, beta_ms = 0, gamma_ms = 0;            // comm_ms split by term
   double exposed_comm_ms = 0;                                // past the end of backward
-  double negotiation_ms = 0;                                 // Cycles: the agreements on the critical path
+  double negotiation_ms = 0;                                 // Cycles: all agreements of a step, hidden or not
   double step_ms = 0;                                        // compute + exposed
   double gradient_bytes = 0;                                 // fp32, per replica
   double bytes_sent = 0;                                     // per replica per step
@@ -84,8 +86,8 @@ struct StepPrediction {
 };
 
 // Throws InvalidArgument for replicas < 1, micro_batch < 1, accumulate < 1,
-// negative host_cores, negative bucket sizes, cycle_ms <= 0 with Cycles, or a
-// profile without parameters.
+// negative host_cores, negative bucket sizes, a cycle_ms that is not positive
+// and finite with Cycles, or a profile without parameters.
 StepPrediction predict_step(const Profile& profile, const StepOptions& options);
 
 }  // namespace lockstep::cost
