@@ -87,6 +87,12 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(
         as_alternative(plan_row(profile, a, r.replicas), "--compress bf16", "half the bytes on the wire"));
   }
+  if (o.step.launch == StepOptions::Launch::Cycles && o.step.cycle_ms > 1) {
+    PlanOptions a = o;
+    a.step.cycle_ms = 1;
+    out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--cycle-ms 1",
+                                 "gradients wait less for a cycle (Horovod's default since 0.21)"));
+  }
   // Sharding pays off with the most replicas listed.
   if (r.bound == Bound::Memory)
     for (const Alternative& a : alternatives_at(profile, o, std::max(o.replicas.back(), 2)))

@@ -96,6 +96,29 @@ TEST(Advisor, ExposedTailWhenTheFirstLayerIsReadyLast) {
   EXPECT_EQ(plan.recommendation.why, Bound::ExposedTail);
 }
 
+TEST(Advisor, HorovodCyclesLongerThanTheStep) {
+  // Little to send on a fast link, but a 20 ms fusion cycle against a 10 ms
+  // step: every step waits for its cycle. The advisor names the wait and
+  // offers a shorter cycle, which recovers most of the efficiency.
+  PlanOptions o = options({1, 4}, {100e9, 1e-6});
+  o.step.launch = StepOptions::Launch::Cycles;
+  o.step.cycle_ms = 20;
+  o.min_efficiency = 0.95;
+  const Plan plan = make_plan(uniform(1e5, 10), o);
+  EXPECT_EQ(plan.recommendation.first_failing, 4);
+  EXPECT_EQ(plan.recommendation.why, Bound::ExposedTail);
+  EXPECT_NE(plan.recommendation.why_text.find("fusion cycle (every 20"), std::string::npos)
+      << plan.recommendation.why_text;
+  EXPECT_NEAR(plan.rows.back().step.step_ms, 20, 1e-9);  // a step takes a cycle
+  bool shorter = false;
+  for (const Alternative& a : plan.recommendation.ranked)
+    if (a.name == "--cycle-ms 1") {
+      shorter = true;
+      EXPECT_GT(a.efficiency, 0.85);
+    }
+  EXPECT_TRUE(shorter);
+}
+
 TEST(Advisor, EverythingPaysOnAFastLink) {
   const Plan plan = make_plan(uniform(1e6, 100), options({1, 2, 4}, {100e9, 1e-6}));
   EXPECT_EQ(plan.recommendation.max_replicas, 4);
