@@ -95,16 +95,49 @@ void write_file(const std::string& path, const std::string& text, const char* wh
     throw IoError(path + ": could not write " + what + " (missing directory, disk full or not writable).");
 }
 
+// Flags that would be silently ignored in this combination are errors.
+void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
+  const auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  if (f.published)
+    for (const char* flag : {"--model", "--hidden", "--profile", "--params", "--replicas", "--json", "--svg"})
+      if (given(flag))
+        throw InvalidArgument(std::string("--published prints the fixed published cases; it takes no ") + flag +
+                              ". Drop one of them.");
+  if (given("--nodes") && given("--replicas"))
+    throw InvalidArgument("--nodes M plans 1 and per-node x 1, 2, 4 ... M replicas; give it or --replicas, not both.");
+  if (given("--hidden") && (!f.profile_file.empty() || !f.params.empty() || f.model != "mlp"))
+    throw InvalidArgument("--hidden shapes the built-in MLP only; drop it, or use --model mlp.");
+  if (f.launch == "layers" && (given("--bucket-mb") || given("--first-bucket-mb")))
+    throw InvalidArgument("--launch layers sends one all-reduce per layer, so bucket sizes do not apply; drop "
+                          "--bucket-mb and --first-bucket-mb.");
+  if (f.launch == "cycles" && given("--first-bucket-mb"))
+    throw InvalidArgument("--launch cycles fuses what is ready up to --bucket-mb; it has no first bucket, so "
+                          "drop --first-bucket-mb.");
+  if (given("--svg") && f.svg_file.empty()) throw InvalidArgument("--svg needs a file name.");
+}
+
 int run_plan(PlanFlags& f) {
   if (f.published) {
     const auto cases = cost::published_cases();
     std::cout << cost::published_table(cases);
     return 0;
   }
+  // A measured profile is planned at its own micro-batch unless told otherwise.
+  if (!f.profile_file.empty() && f.micro_batch_opt->count() == 0)
+    f.micro_batch = cost::read_profile(f.profile_file).micro_batch;
   const bool cnn = f.model != "mlp" && f.profile_file.empty() && f.params.empty();
   cost::Device device = cost::device_preset(!f.device.empty() ? f.device : cnn ? "v100" : "cpu");
-  if (!f.device_flops.empty()) device.flops = cost::parse_count(f.device_flops, "--device-flops", "125T or 1.5e14");
-  if (!f.device_memory.empty()) device.memory_bytes = cost::parse_bytes(f.device_memory, "--device-memory");
+  if (!f.device_flops.empty()) {
+    device.flops = cost::parse_count(f.device_flops, "--device-flops", "125T or 1.5e14");
+    if (device.flops < 1e6)
+      throw InvalidArgument("--device-flops '" + f.device_flops +
+                            "' is under a million FLOP/s; give a unit, such as 60G or 125T.");
+  }
+  if (!f.device_memory.empty()) {
+    if (f.device_memory.find_first_not_of("0123456789.eE+-") == std::string::npos)
+      throw InvalidArgument("--device-memory '" + f.device_memory + "' has no unit; give one, such as 16GB or 80GiB.");
+    device.memory_bytes = cost::parse_bytes(f.device_memory, "--device-memory");
+  }
 
   cost::PlanOptions o;
   o.device = device;
@@ -252,7 +285,10 @@ Action add_plan_command(CLI::App& app) {
                   "Also plot efficiency and cost per sample against replicas to this SVG file");
   cmd->add_flag("--published", f->published,
                 "Print the model's predictions beside published scaling results");
-  return [f] { return run_plan(*f); };
+  return [f, cmd] {
+    check_combinations(*f, *cmd);
+    return run_plan(*f);
+  };
 }
 
 }  // namespace lockstep::cli

@@ -2,6 +2,7 @@
 // instead, ranked by predicted cost per useful sample.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <tuple>
 
 #include "format.h"
@@ -13,6 +14,12 @@ namespace {
 std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow& r) {
   const StepPrediction& s = r.step;
   const double window = s.backward_ms / double(o.step.accumulate);
+  // Under Horovod's cycles the exposed time also holds the wait for a cycle.
+  const std::string cycle_note =
+      o.step.launch == StepOptions::Launch::Cycles
+          ? strf(" The exposed time includes waiting for the next fusion cycle (every %s).",
+                 ms_text(o.step.cycle_ms).c_str())
+          : "";
   switch (r.bound) {
     case Bound::Fine:
       return "";
@@ -35,14 +42,16 @@ std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow
           "latency-bound: %s of the %s all-reduce time is message latency (%s a step, %zu bucket(s)), and "
           "%s of it is exposed after backward, against %s of compute.",
           ms_text(s.alpha_ms).c_str(), ms_text(s.comm_ms).c_str(), to_string(s.algorithm), s.buckets.size(),
-          ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str());
+          ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str()) +
+             cycle_note;
     case Bound::Bandwidth:
       return strf(
           "bandwidth-bound: each replica sends %s of gradients a step (%s all-reduce of %s), which takes %s, "
           "more than the %s backward pass can hide; %s is exposed against %s of compute.",
           bytes_text(s.bytes_sent).c_str(), to_string(s.algorithm), bytes_text(profile.param_bytes()).c_str(),
           ms_text(s.comm_ms).c_str(), ms_text(window).c_str(), ms_text(s.exposed_comm_ms).c_str(),
-          ms_text(s.compute_ms).c_str());
+          ms_text(s.compute_ms).c_str()) +
+             cycle_note;
     case Bound::ExposedTail: {
       if (o.step.launch == StepOptions::Launch::Cycles)
         return strf(
@@ -74,18 +83,28 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
       out.push_back(as_alternative(row, "raise --micro-batch to " + std::to_string(a.step.micro_batch),
                                    "same communication, " + std::to_string(m) + "x the compute per step"));
   }
+  // With one replica nothing is communicated: accumulating and compressing change nothing.
   for (std::int64_t k : {2, 4, 8}) {
+    if (r.replicas == 1) break;
     PlanOptions a = o;
     a.step.accumulate = o.step.accumulate * k;
     out.push_back(
         as_alternative(plan_row(profile, a, r.replicas), "--accumulate " + std::to_string(a.step.accumulate),
                        "one all-reduce per " + std::to_string(a.step.accumulate) + " micro-batches"));
   }
-  if (!o.step.bf16) {
+  if (!o.step.bf16 && r.replicas > 1) {
     PlanOptions a = o;
     a.step.bf16 = true;
     out.push_back(
         as_alternative(plan_row(profile, a, r.replicas), "--compress bf16", "half the bytes on the wire"));
+  }
+  // Latency paid per all-reduce: fewer, bigger all-reduces pay it fewer times.
+  if (r.bound == Bound::Latency && o.step.launch == StepOptions::Launch::Buckets && o.step.bucket_mb > 0 &&
+      r.step.buckets.size() > 1) {
+    PlanOptions a = o;
+    a.step.bucket_mb = 0;
+    out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--bucket-mb 0",
+                                 "one all-reduce per step: its latency once, no overlap"));
   }
   if (o.step.launch == StepOptions::Launch::Cycles && o.step.cycle_ms > 1) {
     PlanOptions a = o;
@@ -93,10 +112,30 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--cycle-ms 1",
                                  "gradients wait less for a cycle (Horovod's default since 0.21)"));
   }
-  // Sharding pays off with the most replicas listed.
-  if (r.bound == Bound::Memory)
-    for (const Alternative& a : alternatives_at(profile, o, std::max(o.replicas.back(), 2)))
-      if (a.name.starts_with("ZeRO") || a.outline) out.push_back(a);
+  // Sharding needs replicas to shard over: each ZeRO stage at the fewest
+  // replicas (2, 4, 8 ... or a listed count, up to the largest listed) at
+  // which it fits, named with that count. The outlines split the model, not
+  // the batch: at this count.
+  if (r.bound == Bound::Memory) {
+    std::vector<int> counts;
+    for (int n = 2; n <= std::max(o.replicas.back(), 2); n *= 2) counts.push_back(n);
+    for (int n : o.replicas)
+      if (n >= 2) counts.push_back(n);
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    for (const char* stage : {"ZeRO-1", "ZeRO-2", "ZeRO-3"}) {
+      std::optional<Alternative> pick;
+      for (int n : counts) {
+        for (const Alternative& a : alternatives_at(profile, o, n))
+          if (a.name == stage) pick = a;
+        if (pick->fits) break;
+      }
+      pick->name += " at " + std::to_string(pick->replicas) + " replicas";
+      out.push_back(*pick);
+    }
+    for (const Alternative& a : alternatives_at(profile, o, r.replicas))
+      if (a.outline) out.push_back(a);
+  }
   if (max_replicas > 0 && max_replicas < r.replicas) {
     const PlanRow stop = plan_row(profile, o, max_replicas);
     out.push_back(as_alternative(
@@ -105,7 +144,8 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   }
   // Those that fit and pay first, cheapest useful sample first; outlines last.
   auto rank = [&](const Alternative& a) {
-    return std::tuple(a.outline, !a.fits, a.efficiency < o.min_efficiency, a.cost_per_million_useful_samples);
+    return std::tuple(a.outline, !a.fits, a.efficiency < o.min_efficiency, a.cost_per_million_useful_samples,
+                      -a.efficiency);  // at equal cost (a price of 0), the more efficient first
   };
   std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   return out;
@@ -140,7 +180,7 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
       rec.summary += strf(" By this model it stops paying at about %d replicas: %s", beyond,
                           why_text(profile, o, far).c_str());
     else
-      rec.summary += " By this model it keeps paying up to 65536 replicas.";
+      rec.summary += " By this model it keeps paying to at least 65536 replicas (the limit of its search).";
     if (o.critical_batch <= 0)
       rec.summary +=
           " This counts systems cost only: give --critical-batch to add the statistical ceiling, past which "
@@ -153,18 +193,27 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
   rec.why_text = why_text(profile, o, *failing);
   rec.ranked = remedies(profile, o, *failing, rec.max_replicas);
   const Alternative* best = rec.ranked.empty() ? nullptr : &rec.ranked.front();
+  const auto replicas_text = [](int n) { return std::to_string(n) + (n == 1 ? " replica" : " replicas"); };
   std::string instead;
-  if (best != nullptr)
+  if (best != nullptr) {
     instead = best->outline
                   ? strf(" Instead: %s (%s).", best->name.c_str(), best->detail.c_str())
                   : strf(
-                        " Cheapest per sample instead of %d replicas: %s (efficiency %.2f, %.3g per million "
-                        "samples, %.0f samples/s).",
-                        failing->replicas, best->name.c_str(), best->efficiency,
-                        best->cost_per_million_useful_samples, best->samples_per_s);
+                        " Cheapest per sample %s: %s (efficiency %.2f, %.3g per million samples, %s "
+                        "samples/s).",
+                        best->replicas == failing->replicas ? ("at " + replicas_text(failing->replicas)).c_str()
+                                                            : "instead",
+                        best->name.c_str(), best->efficiency,
+                        best->cost_per_million_useful_samples, rate_text(best->samples_per_s).c_str());
+    const bool bigger_batch = best->name.starts_with("raise --micro-batch") || best->name.starts_with("--accumulate");
+    if (bigger_batch && o.critical_batch <= 0)
+      instead +=
+          " A bigger global batch can need more steps to train to the same loss; this counts systems cost "
+          "only (give --critical-batch for the statistical ceiling).";
+  }
   if (rec.max_replicas == 0) {
-    rec.summary = strf("Data parallelism does not pay even at %d replica(s): %s", failing->replicas,
-                       rec.why_text.c_str()) +
+    rec.summary = strf("Data parallelism does not pay at any listed count; at %s, the smallest: %s",
+                       replicas_text(failing->replicas).c_str(), rec.why_text.c_str()) +
                   instead;
     return rec;
   }

@@ -24,6 +24,10 @@ inline std::string bytes_text(double b) {
   return strf("%.0f B", b);
 }
 
+// A rate: whole numbers from 100 up, three significant digits below (a slow
+// plan's 2.4 samples/s is not "2").
+inline std::string rate_text(double v) { return v >= 100 ? strf("%.0f", v) : strf("%.3g", v); }
+
 inline std::string ms_text(double ms) {
   if (ms >= 1000) return strf("%.2f s", ms / 1000);
   if (ms >= 10) return strf("%.0f ms", ms);

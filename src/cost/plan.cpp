@@ -149,7 +149,7 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
     a.step.accumulate = o.step.accumulate * k;
     out.push_back(as_alternative(plan_row(profile, a, n), "accumulate " + std::to_string(a.step.accumulate),
                                  "one all-reduce per " + std::to_string(a.step.accumulate) +
-                                     " micro-batches; global batch x" + std::to_string(k)));
+                                     " micro-batches; x" + std::to_string(k) + " the planned global batch"));
   }
   if (!o.step.bf16) {
     PlanOptions a = o;
@@ -167,7 +167,9 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
                  .outline = true};
   tp.fits = limit <= 0 || tp.memory_bytes_per_device <= limit;
   out.push_back(tp);
-  const int s = 4, micro = 4 * s;
+  // Up to 4 stages, no more than the model has layers.
+  const int s = static_cast<int>(std::min<std::size_t>(4, profile.layers.size())), micro = 4 * s;
+  if (s < 2) return out;
   Alternative pp{.name = "pipeline x" + std::to_string(s),
                  .detail = "layers split into " + std::to_string(s) + " stages, " + std::to_string(micro) +
                            " micro-batches per step: bubble " +

@@ -8,6 +8,7 @@ namespace lockstep::cost {
 namespace {
 
 using detail::bytes_text;
+using detail::rate_text;
 using detail::strf;
 
 std::string link_text(const Link& l) {
@@ -60,18 +61,21 @@ std::string plan_table(const Plan& plan) {
             (long long)s.accumulate, to_string(o.optimizer), o.price_per_device_hour);
   if (o.critical_batch > 0) t += strf(", critical batch %.0f", o.critical_batch);
   t += "\n\n";
+  // With a critical batch, the cost counts useful samples (McCandlish et al.'s worth of a sample).
+  const char* cost_column = o.critical_batch > 0 ? "cost/M useful" : "cost/M samples";
   t +=
       strf("%8s %10s %10s %9s %10s %10s %11s %14s %13s  %s\n", "replicas", "step_ms", "compute_ms", "comm_ms",
-           "exposed_ms", "efficiency", "samples/s", "cost/M samples", "memory/device", "limited by");
+           "exposed_ms", "efficiency", "samples/s", cost_column, "memory/device", "limited by");
   for (const PlanRow& r : plan.rows)
-    t += strf("%8d %10.3f %10.3f %9.3f %10.3f %10.3f %11.0f %14.4g %13s  %s\n", r.replicas, r.step.step_ms,
-              r.step.compute_ms, r.step.comm_ms, r.step.exposed_comm_ms, r.efficiency, r.samples_per_s,
+    t += strf("%8d %10.3f %10.3f %9.3f %10.3f %10.3f %11s %14.4g %13s  %s\n", r.replicas, r.step.step_ms,
+              r.step.compute_ms, r.step.comm_ms, r.step.exposed_comm_ms, r.efficiency, rate_text(r.samples_per_s).c_str(),
               r.cost_per_million_useful_samples, bytes_text(r.memory.total()).c_str(), to_string(r.bound));
 
   if (!plan.alternatives.empty()) {
-    t += strf("\nAlternatives at %d replicas:\n", plan.alternatives.front().replicas);
+    t += strf("\nAlternatives at %d %s:\n", plan.alternatives.front().replicas,
+              plan.alternatives.front().replicas == 1 ? "replica" : "replicas");
     t += strf("  %-22s %10s %10s %11s %14s %13s %12s  %s\n", "", "step_ms", "efficiency", "samples/s",
-              "cost/M samples", "memory/device", "comm/step", "");
+              cost_column, "memory/device", "comm/step", "");
     for (const Alternative& a : plan.alternatives) {
       const std::string fit = a.fits ? "" : " (does not fit)";
       if (a.outline)
@@ -79,8 +83,8 @@ std::string plan_table(const Plan& plan) {
                   a.efficiency > 0 ? strf("~%.2f", a.efficiency).c_str() : "-", "-", "-",
                   bytes_text(a.memory_bytes_per_device).c_str(), "-", a.detail.c_str(), fit.c_str());
       else
-        t += strf("  %-22s %10.3f %10.3f %11.0f %14.4g %13s %12s  %s%s\n", a.name.c_str(), a.step_ms,
-                  a.efficiency, a.samples_per_s, a.cost_per_million_useful_samples,
+        t += strf("  %-22s %10.3f %10.3f %11s %14.4g %13s %12s  %s%s\n", a.name.c_str(), a.step_ms,
+                  a.efficiency, rate_text(a.samples_per_s).c_str(), a.cost_per_million_useful_samples,
                   bytes_text(a.memory_bytes_per_device).c_str(), bytes_text(a.comm_bytes_per_step).c_str(),
                   a.detail.c_str(), fit.c_str());
     }
@@ -89,15 +93,16 @@ std::string plan_table(const Plan& plan) {
   const Recommendation& rec = plan.recommendation;
   t += "\nRecommendation:\n" + wrap(rec.summary, "  ");
   if (!rec.ranked.empty()) {
-    t += strf("  What to do instead at %d replicas, cheapest per useful sample first:\n", rec.first_failing);
+    t += strf("  What to do instead at %d %s, cheapest per useful sample first:\n", rec.first_failing,
+              rec.first_failing == 1 ? "replica" : "replicas");
     int i = 0;
     for (const Alternative& a : rec.ranked) {
       if (++i > 6) break;
       if (a.outline)
         t += strf("  %d. %s: %s%s\n", i, a.name.c_str(), a.detail.c_str(), a.fits ? "" : " (does not fit)");
       else
-        t += strf("  %d. %-30s efficiency %.2f, %.4g per million samples, %.0f samples/s%s\n", i,
-                  a.name.c_str(), a.efficiency, a.cost_per_million_useful_samples, a.samples_per_s,
+        t += strf("  %d. %-30s efficiency %.2f, %.4g per million samples, %s samples/s%s\n", i,
+                  a.name.c_str(), a.efficiency, a.cost_per_million_useful_samples, rate_text(a.samples_per_s).c_str(),
                   a.fits ? "" : " (does not fit)");
     }
   }

@@ -49,7 +49,8 @@ double decimal_prefix(std::string_view unit, bool& ok) {
 double parse_count(std::string_view text, std::string_view flag, std::string_view example) {
   Split s;
   bool ok = split(text, s);
-  const double scale = ok ? decimal_prefix(s.unit, ok) : 0;
+  // "7B" is how parameter counts are written: B for billion, as G.
+  const double scale = !ok ? 0 : s.unit == "B" ? 1e9 : decimal_prefix(s.unit, ok);
   ok = ok && s.unit.size() <= 1;
   if (!ok || !std::isfinite(s.value) || s.value <= 0)
     throw InvalidArgument(std::string(flag) + " must be a positive number such as " + std::string(example) + "; got '" +

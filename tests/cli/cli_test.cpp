@@ -364,6 +364,10 @@ TEST(Cli, TrainProfileFeedsPlan) {
   const CliRun plan = run("plan --profile " + profile.string());
   EXPECT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("Recommendation"), std::string::npos) << plan.output;
+  // Planned at the profile's own micro-batch unless told otherwise.
+  EXPECT_NE(plan.output.find("at micro-batch 8"), std::string::npos) << plan.output;
+  const CliRun told = run("plan --micro-batch 64 --profile " + profile.string());
+  EXPECT_NE(told.output.find("at micro-batch 64"), std::string::npos) << told.output;
 }
 
 // bench train's rows and fields; the numbers themselves are timings, so only
@@ -421,6 +425,21 @@ TEST(Cli, PlanLaunchSchedules) {
   EXPECT_NE(run("plan --launch cycles --bucket-mb 0").output.find("every 5 ms, not fused"), std::string::npos);
   EXPECT_EQ(run("plan --launch sometimes").code, 2);
   EXPECT_EQ(run("plan --launch cycles --cycle-ms 0").code, 2);
+  // Flags this combination would ignore are errors that name them.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"plan --published --json", "--published prints the fixed published cases"},
+           {"plan --nodes 4 --replicas 1,2", "give it or --replicas, not both"},
+           {"plan --model resnet50 --hidden 100", "--hidden shapes the built-in MLP only"},
+           {"plan --launch layers --bucket-mb 5", "bucket sizes do not apply"},
+           {"plan --launch cycles --first-bucket-mb 3", "drop --first-bucket-mb"},
+           {"plan --device-memory 16", "has no unit"},
+           {"plan --device-flops 60", "under a million FLOP/s"}}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
+  }
+  EXPECT_EQ(run("plan --params 7B --compute-ms 100 --device a100 --replicas 1,8").code, 0);
+  EXPECT_NE(run("plan --critical-batch 4096").output.find("cost/M useful"), std::string::npos);
   const CliRun stray = run("plan --cycle-ms 2");
   EXPECT_EQ(stray.code, 2);
   EXPECT_NE(stray.output.find("--cycle-ms applies only with --launch cycles"), std::string::npos) << stray.output;

@@ -72,6 +72,20 @@ TEST(Advisor, ModelTooLargeForDeviceMemory) {
   EXPECT_TRUE(best.name.starts_with("ZeRO")) << best.name;
   EXPECT_TRUE(best.fits);
   EXPECT_NE(plan.recommendation.summary.find("does not pay"), std::string::npos);
+  // Each ZeRO stage is priced at the fewest replicas where it fits, and says
+  // so: ZeRO-3 shards all 16 GB, so 2 replicas (8 GB + activations) fit.
+  // With nothing communicated at 1 replica, accumulating and compressing are not offered.
+  bool zero3 = false;
+  for (const Alternative& a : plan.recommendation.ranked) {
+    EXPECT_FALSE(a.name.starts_with("--accumulate") || a.name.starts_with("--compress")) << a.name;
+    if (a.name.starts_with("ZeRO-3")) {
+      zero3 = true;
+      EXPECT_EQ(a.name, "ZeRO-3 at 2 replicas");
+      EXPECT_EQ(a.replicas, 2);
+      EXPECT_TRUE(a.fits);
+    }
+  }
+  EXPECT_TRUE(zero3);
 }
 
 TEST(Advisor, BatchPastTheCriticalBatch) {

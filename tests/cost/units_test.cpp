@@ -13,6 +13,7 @@ TEST(Units, Counts) {
   EXPECT_DOUBLE_EQ(parse_count("138e6", "--params"), 138e6);
   EXPECT_DOUBLE_EQ(parse_count("4k", "--params"), 4000);
   EXPECT_DOUBLE_EQ(parse_count("6.3T", "--device-flops"), 6.3e12);
+  EXPECT_DOUBLE_EQ(parse_count("7B", "--params"), 7e9);  // parameters are counted in billions
   for (const char* bad : {"", "x", "-3", "0", "5Q", "5MM"}) {
     try {
       parse_count(bad, "--params");
