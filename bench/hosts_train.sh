@@ -3,7 +3,7 @@
 # topology (issue 7's third bar). `lockstep train --backend gloo` runs as
 # HOSTS x PER_HOST ranks in test hosts on shaped links (scripts/hosts.sh),
 # meeting at a redis-server in host 0; rank 0's report (--report) gives the
-# measured step time, and `lockstep plan --nodes HOSTS --per-node PER_HOST`
+# measured step time, and `lockstep plan --per-node PER_HOST --replicas HOSTS x PER_HOST`
 # with the same link and all-reduce predicts it three times: from its own
 # device model; with the compute time the run measured (--compute-ms), which
 # isolates the communication model; and with the ranks sharing this
@@ -66,7 +66,7 @@ import json, sys
 t = json.load(open(sys.argv[1]))['timing']
 print(t['step_ms'], t['compute_ms'], t['comm_ms'], t['exposed_comm_ms'])
 " "$out/report.rank0.json")"
-plan_args=(--nodes "$hosts" --per-node "$per_host" --replicas $((hosts * per_host)) --link-bandwidth "$link"
+plan_args=(--per-node "$per_host" --replicas $((hosts * per_host)) --link-bandwidth "$link"
            --algorithm "$algorithm")
 predicted() { "$lockstep" plan "${plan_args[@]}" "$@" --json | python3 -c "
 import json, sys
