@@ -28,7 +28,7 @@ std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow
           "each device needs %s (weights %s, gradients %s, optimizer state %s, activations %s) but has %s.",
           bytes_text(r.memory.total()).c_str(), bytes_text(r.memory.weights).c_str(),
           bytes_text(r.memory.gradients).c_str(), bytes_text(r.memory.optimizer_state).c_str(),
-          bytes_text(r.memory.activations).c_str(), bytes_text(o.device.memory_bytes).c_str());
+          bytes_text(r.memory.activations).c_str(), memory_text(o.device.memory_bytes).c_str());
     case Bound::Statistical:
       return strf(
           "past the critical batch: the global batch of %.0f is no longer small against B_crit = %.0f, so by "

@@ -24,6 +24,13 @@ inline std::string bytes_text(double b) {
   return strf("%.0f B", b);
 }
 
+// A device's memory: sold in GiB (a "16 GB" V100 has 16 GiB), so a whole
+// number of GiB prints as such, not as 17.2 GB.
+inline std::string memory_text(double b) {
+  const double gib = b / double(1ull << 30);
+  return gib >= 1 && gib == static_cast<double>(static_cast<long long>(gib)) ? strf("%.0f GiB", gib) : bytes_text(b);
+}
+
 // A rate: whole numbers from 100 up, three significant digits below (a slow
 // plan's 2.4 samples/s is not "2").
 inline std::string rate_text(double v) { return v >= 100 ? strf("%.0f", v) : strf("%.3g", v); }

@@ -43,8 +43,10 @@ std::string plan_table(const Plan& plan) {
   std::string t = strf("lockstep plan: %s, %s of gradients, %.3g ms compute per step at micro-batch %lld\n",
                        plan.model.c_str(), bytes_text(plan.profile.param_bytes()).c_str(),
                        plan.rows.empty() ? 0.0 : plan.rows.front().step.compute_ms, (long long)s.micro_batch);
-  t += strf("device %s (%.3g GFLOP/s achieved, %s); ", o.device.name.c_str(), o.device.flops / 1e9,
-            bytes_text(o.device.memory_bytes).c_str());
+  const std::string flops = o.device.flops >= 1e12 ? strf("%.3g TFLOP/s", o.device.flops / 1e12)
+                                                   : strf("%.3g GFLOP/s", o.device.flops / 1e9);
+  t += strf("device %s (%s achieved, %s); ", o.device.name.c_str(), flops.c_str(),
+            detail::memory_text(o.device.memory_bytes).c_str());
   if (s.topology.per_node > 1)
     t += strf("%d per node on %s, nodes on %s", s.topology.per_node, link_text(s.topology.intra).c_str(),
               link_text(s.topology.inter).c_str());
