@@ -35,7 +35,7 @@ struct PlanFlags {
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
-  CLI::Option *model_opt = nullptr, *replicas_opt = nullptr, *micro_batch_opt = nullptr, *cycle_ms_opt = nullptr;
+  CLI::Option *replicas_opt = nullptr, *micro_batch_opt = nullptr, *cycle_ms_opt = nullptr;
 };
 
 cost::Optimizer optimizer_from(const std::string& name) {
@@ -44,12 +44,9 @@ cost::Optimizer optimizer_from(const std::string& name) {
   return cost::Optimizer::Momentum;
 }
 
-// A model's profile from whichever of --profile, --params or --model was given.
+// A model's profile from whichever of --profile, --params or --model was
+// given (check_combinations has made sure it is one).
 cost::Profile build_profile(const PlanFlags& f, const cost::Device& device, double passes) {
-  const bool from_model = f.model_opt->count() > 0;
-  if (!f.profile_file.empty() && (from_model || !f.params.empty()))
-    throw InvalidArgument("give one of --profile, --params or --model, not several.");
-  if (!f.params.empty() && from_model) throw InvalidArgument("give one of --params or --model, not both.");
   if (!f.params.empty()) {
     if (f.compute_ms <= 0)
       throw InvalidArgument(
@@ -99,13 +96,20 @@ void write_file(const std::string& path, const std::string& text, const char* wh
 void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
   const auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
   if (f.published)
-    for (const char* flag : {"--model", "--hidden", "--profile", "--params", "--replicas", "--json", "--svg"})
-      if (given(flag))
-        throw InvalidArgument(std::string("--published prints the fixed published cases; it takes no ") + flag +
+    for (const CLI::Option* opt : cmd.get_options())
+      if (opt->count() > 0 && opt->get_name() != "--published" && opt->get_name() != "--help")
+        throw InvalidArgument("--published prints the fixed published cases; it takes no " + opt->get_name() +
                               ". Drop one of them.");
-  if (given("--nodes") && given("--replicas"))
+  const int sources = int(!f.profile_file.empty()) + int(!f.params.empty()) + int(given("--model"));
+  if (sources > 1) throw InvalidArgument("give one of --profile, --params or --model, not several.");
+  if (given("--device-flops") && (!f.profile_file.empty() || !f.params.empty()))
+    throw InvalidArgument("--device-flops sets a built-in model's compute; a profile or --params brings its own "
+                          "times (rescale them with --compute-ms).");
+  if (given("--nodes") && f.nodes > 0 && given("--replicas"))
     throw InvalidArgument("--nodes M plans 1 and per-node x 1, 2, 4 ... M replicas; give it or --replicas, not both.");
-  if (given("--hidden") && (!f.profile_file.empty() || !f.params.empty() || f.model != "mlp"))
+  if (given("--hidden") && (!f.profile_file.empty() || !f.params.empty()))
+    throw InvalidArgument("--hidden shapes the built-in MLP, not a profile or --params; drop it.");
+  if (given("--hidden") && f.model != "mlp")
     throw InvalidArgument("--hidden shapes the built-in MLP only; drop it, or use --model mlp.");
   if (f.launch == "layers" && (given("--bucket-mb") || given("--first-bucket-mb")))
     throw InvalidArgument("--launch layers sends one all-reduce per layer, so bucket sizes do not apply; drop "
@@ -207,7 +211,7 @@ Action add_plan_command(CLI::App& app) {
       "Predict what data parallelism costs per replica count, where it stops paying and what to do instead "
       "(no training; docs/cost-model.md)");
   cmd->option_defaults()->always_capture_default();
-  f->model_opt = cmd->add_option("--model", f->model, "Built-in model")
+  cmd->add_option("--model", f->model, "Built-in model")
                      ->check(CLI::IsMember({"mlp", "resnet50", "resnet101", "inception3", "vgg16"}));
   cmd->add_option("--hidden", f->hidden, "Hidden layer widths of the MLP");
   cmd->add_option("--profile", f->profile_file,

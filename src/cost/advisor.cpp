@@ -118,7 +118,7 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   // the batch: at this count.
   if (r.bound == Bound::Memory) {
     std::vector<int> counts;
-    for (int n = 2; n <= std::max(o.replicas.back(), 2); n *= 2) counts.push_back(n);
+    for (int n = 2; n <= 65536; n *= 2) counts.push_back(n);  // as far as the "keeps paying" search
     for (int n : o.replicas)
       if (n >= 2) counts.push_back(n);
     std::sort(counts.begin(), counts.end());
@@ -128,8 +128,9 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
       for (int n : counts) {
         for (const Alternative& a : alternatives_at(profile, o, n))
           if (a.name == stage) pick = a;
-        if (pick->fits) break;
+        if (pick && pick->fits) break;
       }
+      if (!pick) continue;
       pick->name += " at " + std::to_string(pick->replicas) + " replicas";
       out.push_back(*pick);
     }
@@ -205,7 +206,9 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
                                                             : "instead",
                         best->name.c_str(), best->efficiency,
                         best->cost_per_million_useful_samples, rate_text(best->samples_per_s).c_str());
-    const bool bigger_batch = best->name.starts_with("raise --micro-batch") || best->name.starts_with("--accumulate");
+    if (!best->fits) instead += " Nothing listed here fits in the device's memory.";
+    const bool bigger_batch = best->name.starts_with("raise --micro-batch") ||
+                              best->name.starts_with("--accumulate") || best->replicas > failing->replicas;
     if (bigger_batch && o.critical_batch <= 0)
       instead +=
           " A bigger global batch can need more steps to train to the same loss; this counts systems cost "

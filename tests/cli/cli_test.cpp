@@ -433,16 +433,38 @@ TEST(Cli, PlanLaunchSchedules) {
            {"plan --launch layers --bucket-mb 5", "bucket sizes do not apply"},
            {"plan --launch cycles --first-bucket-mb 3", "drop --first-bucket-mb"},
            {"plan --device-memory 16", "has no unit"},
-           {"plan --device-flops 60", "under a million FLOP/s"}}) {
+           {"plan --device-flops 60", "under a million FLOP/s"},
+           {"plan --published --device v100", "it takes no --device"},
+           {"plan --params 1M --compute-ms 5 --device-flops 1T", "brings its own times"},
+           {"plan --profile missing.json --model resnet50", "not several"}}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
   }
   EXPECT_EQ(run("plan --params 7B --compute-ms 100 --device a100 --replicas 1,8").code, 0);
+  EXPECT_EQ(run("plan --nodes 0 --replicas 1,2").code, 0);  // 0 is --nodes' default: not given
   EXPECT_NE(run("plan --critical-batch 4096").output.find("cost/M useful"), std::string::npos);
   const CliRun stray = run("plan --cycle-ms 2");
   EXPECT_EQ(stray.code, 2);
   EXPECT_NE(stray.output.find("--cycle-ms applies only with --launch cycles"), std::string::npos) << stray.output;
+}
+
+// The advice's details a reader acts on: raising the batch carries the
+// systems-only caveat, the 3-layer MLP's pipeline outline has 3 stages, and
+// a latency-bound plan with two buckets is offered one bucket.
+TEST(Cli, PlanAdviceDetails) {
+  const CliRun r = run("plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("counts systems cost only"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pipeline x3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("pipeline x4"), std::string::npos) << r.output;
+  const CliRun latency = run("plan --link-latency 2ms --link-bandwidth 100Gbit --json");
+  ASSERT_EQ(latency.code, 0) << latency.output;
+  const auto rec = nlohmann::json::parse(latency.output)["recommendation"];
+  EXPECT_EQ(rec["limited_by"], "latency-bound");
+  bool one_bucket = false;
+  for (const auto& a : rec["ranked"]) one_bucket = one_bucket || a["name"] == "--bucket-mb 0";
+  EXPECT_TRUE(one_bucket) << rec.dump();
 }
 
 // `lockstep train`'s in-process replicas on a small machine: 8 replicas on 2
