@@ -35,7 +35,7 @@ struct PlanFlags {
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
-  CLI::Option *replicas_opt = nullptr, *micro_batch_opt = nullptr, *cycle_ms_opt = nullptr;
+  CLI::Option *replicas_opt = nullptr, *micro_batch_opt = nullptr;
 };
 
 cost::Optimizer optimizer_from(const std::string& name) {
@@ -117,6 +117,8 @@ void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
   if (f.launch == "cycles" && given("--first-bucket-mb"))
     throw InvalidArgument("--launch cycles fuses what is ready up to --bucket-mb; it has no first bucket, so "
                           "drop --first-bucket-mb.");
+  if (given("--cycle-ms") && f.launch != "cycles")
+    throw InvalidArgument("--cycle-ms applies only with --launch cycles; add --launch cycles or drop it.");
   if (given("--svg") && f.svg_file.empty()) throw InvalidArgument("--svg needs a file name.");
 }
 
@@ -167,8 +169,6 @@ int run_plan(PlanFlags& f) {
   s.launch = f.launch == "layers"   ? cost::StepOptions::Launch::PerLayer
              : f.launch == "cycles" ? cost::StepOptions::Launch::Cycles
                                     : cost::StepOptions::Launch::Buckets;
-  if (f.cycle_ms_opt->count() > 0 && s.launch != cost::StepOptions::Launch::Cycles)
-    throw InvalidArgument("--cycle-ms applies only with --launch cycles; add --launch cycles or drop it.");
   s.cycle_ms = f.cycle_ms;
   s.bf16 = f.compress == "bf16";
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
@@ -269,8 +269,8 @@ Action add_plan_command(CLI::App& app) {
                   "gradient is ready; layers: one per layer when it is ready; cycles: Horovod's tensor "
                   "fusion, every --cycle-ms what is ready, fused up to --bucket-mb)")
       ->check(CLI::IsMember({"buckets", "layers", "cycles"}));
-  f->cycle_ms_opt = cmd->add_option("--cycle-ms", f->cycle_ms, "With --launch cycles: the time between cycles in ms (Horovod's "
-                                             "HOROVOD_CYCLE_TIME)")
+  cmd->add_option("--cycle-ms", f->cycle_ms,
+                  "With --launch cycles: the time between cycles in ms (Horovod's HOROVOD_CYCLE_TIME)")
       ->check(number_in(0.001, 1e6));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "bf16"}));

@@ -220,23 +220,28 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
                   instead;
     return rec;
   }
+  // "falls to 0.72, under 0.80": the binding threshold (the efficiency
+  // floor, or the cost increase as an efficiency), with digits enough to differ.
+  const double floor = std::max(o.min_efficiency, 1 / (1 + o.max_cost_increase));
+  const bool close = strf("%.2f", failing->efficiency) == strf("%.2f", floor);
+  const std::string falls = close ? strf("falls to %.4f, under %.4f", failing->efficiency, floor)
+                                  : strf("falls to %.2f, under %.2f", failing->efficiency, floor);
   const PlanRow& ok = *std::find_if(rows.begin(), rows.end(),
                                     [&](const PlanRow& r) { return r.replicas == rec.max_replicas; });
   if (rec.max_replicas == 1) {
     rec.summary =
         strf(
             "One replica is the cheapest way to run this (%.3g per million samples). At %d replicas the "
-            "efficiency falls to %.2f, under %.2f: %s",
-            ok.cost_per_million_useful_samples, failing->replicas, failing->efficiency, o.min_efficiency,
-            rec.why_text.c_str()) +
+            "efficiency %s: %s",
+            ok.cost_per_million_useful_samples, failing->replicas, falls.c_str(), rec.why_text.c_str()) +
         instead;
     return rec;
   }
   rec.summary = strf(
                     "Use up to %d replicas (efficiency %.2f, %.3g per million samples). At %d the efficiency "
-                    "falls to %.2f, under %.2f: %s",
+                    "%s: %s",
                     ok.replicas, ok.efficiency, ok.cost_per_million_useful_samples, failing->replicas,
-                    failing->efficiency, o.min_efficiency, rec.why_text.c_str()) +
+                    falls.c_str(), rec.why_text.c_str()) +
                 instead;
   return rec;
 }

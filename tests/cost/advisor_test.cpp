@@ -133,6 +133,18 @@ TEST(Advisor, HorovodCyclesLongerThanTheStep) {
   EXPECT_TRUE(shorter);
 }
 
+TEST(Advisor, SaysHowFarUnderTheThresholdWithDigitsEnoughToDiffer) {
+  // A sliver of exposed communication against --min-efficiency 1: "0.9999,
+  // under 1.0000", not "1.00, under 1.00".
+  PlanOptions o = options({1, 2}, {100e9, 1e-6});
+  o.min_efficiency = 1;
+  const Plan plan = make_plan(uniform(1e5, 100), o);
+  ASSERT_EQ(plan.recommendation.first_failing, 2);
+  ASSERT_GT(plan.rows[1].efficiency, 0.995);
+  EXPECT_NE(plan.recommendation.summary.find(", under 1.0000"), std::string::npos) << plan.recommendation.summary;
+  EXPECT_EQ(plan.recommendation.summary.find("under 1.00:"), std::string::npos) << plan.recommendation.summary;
+}
+
 TEST(Advisor, EverythingPaysOnAFastLink) {
   const Plan plan = make_plan(uniform(1e6, 100), options({1, 2, 4}, {100e9, 1e-6}));
   EXPECT_EQ(plan.recommendation.max_replicas, 4);
