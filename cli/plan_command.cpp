@@ -46,7 +46,9 @@ cost::Optimizer optimizer_from(const std::string& name) {
 
 // A model's profile from whichever of --profile, --params or --model was
 // given (check_combinations has made sure it is one).
-cost::Profile build_profile(const PlanFlags& f, const cost::Device& device, double passes) {
+// `measured` is the --profile file's, read once by the caller.
+cost::Profile build_profile(const PlanFlags& f, const std::optional<cost::Profile>& measured,
+                            const cost::Device& device, double passes) {
   if (!f.params.empty()) {
     if (f.compute_ms <= 0)
       throw InvalidArgument(
@@ -63,8 +65,8 @@ cost::Profile build_profile(const PlanFlags& f, const cost::Device& device, doub
     return p;
   }
   cost::Profile p;
-  if (!f.profile_file.empty()) {
-    p = cost::read_profile(f.profile_file);
+  if (measured) {
+    p = *measured;
   } else if (f.model == "mlp") {
     p = cost::profile_from_spec(cost::mlp_model(784, parse_hidden(f.hidden), 10), device, f.micro_batch,
                                 passes);
@@ -129,8 +131,11 @@ int run_plan(PlanFlags& f) {
     return 0;
   }
   // A measured profile is planned at its own micro-batch unless told otherwise.
-  if (!f.profile_file.empty() && f.micro_batch_opt->count() == 0)
-    f.micro_batch = cost::read_profile(f.profile_file).micro_batch;
+  std::optional<cost::Profile> measured;
+  if (!f.profile_file.empty()) {
+    measured = cost::read_profile(f.profile_file);
+    if (f.micro_batch_opt->count() == 0) f.micro_batch = measured->micro_batch;
+  }
   const bool cnn = f.model != "mlp" && f.profile_file.empty() && f.params.empty();
   cost::Device device = cost::device_preset(!f.device.empty() ? f.device : cnn ? "v100" : "cpu");
   if (!f.device_flops.empty()) {
@@ -194,7 +199,7 @@ int run_plan(PlanFlags& f) {
   s.topology.inter = link("--link-bandwidth", f.link_bandwidth, "--link-latency", f.link_latency);
   s.topology.intra = link("--intra-bandwidth", f.intra_bandwidth, "--intra-latency", f.intra_latency);
 
-  const cost::Profile profile = build_profile(f, device, cost::optimizer_passes(o.optimizer));
+  const cost::Profile profile = build_profile(f, measured, device, cost::optimizer_passes(o.optimizer));
   const cost::Plan plan = cost::make_plan(profile, o);
   if (!f.svg_file.empty()) write_file(f.svg_file, cost::plan_svg(plan), "the plot");
   std::cout << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));

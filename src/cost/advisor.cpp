@@ -2,7 +2,6 @@
 // instead, ranked by predicted cost per useful sample.
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <tuple>
 
 #include "format.h"
@@ -123,16 +122,24 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
       if (n >= 2) counts.push_back(n);
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-    for (const char* stage : {"ZeRO-1", "ZeRO-2", "ZeRO-3"}) {
-      std::optional<Alternative> pick;
-      for (int n : counts) {
-        for (const Alternative& a : alternatives_at(profile, o, n))
-          if (a.name == stage) pick = a;
-        if (pick && pick->fits) break;
+    // One pass over the counts: each stage keeps its first fit (or, if none
+    // fits, its largest count); stop once all three fit.
+    std::vector<Alternative> picks;  // ZeRO-1, -2, -3, in alternatives_at's order
+    for (int n : counts) {
+      std::size_t k = 0;
+      bool all_fit = true;
+      for (const Alternative& a : alternatives_at(profile, o, n)) {
+        if (!a.name.starts_with("ZeRO")) continue;
+        if (k == picks.size()) picks.push_back(a);
+        else if (!picks[k].fits) picks[k] = a;
+        all_fit = all_fit && picks[k].fits;
+        ++k;
       }
-      if (!pick) continue;
-      pick->name += " at " + std::to_string(pick->replicas) + " replicas";
-      out.push_back(*pick);
+      if (all_fit) break;
+    }
+    for (Alternative& a : picks) {
+      a.name += " at " + std::to_string(a.replicas) + " replicas";
+      out.push_back(a);
     }
     for (const Alternative& a : alternatives_at(profile, o, r.replicas))
       if (a.outline) out.push_back(a);
