@@ -32,6 +32,7 @@ struct PlanFlags {
   double first_bucket_mb = 1, bucket_mb = 25;
   std::string launch = "buckets";
   double cycle_ms = 5;
+  double compute_cv = 0;
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
@@ -175,6 +176,7 @@ int run_plan(PlanFlags& f) {
              : f.launch == "cycles" ? cost::StepOptions::Launch::Cycles
                                     : cost::StepOptions::Launch::Buckets;
   s.cycle_ms = f.cycle_ms;
+  s.compute_cv = f.compute_cv;
   s.bf16 = f.compress == "bf16";
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
   s.host_cores = f.host_cores;
@@ -277,6 +279,10 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--cycle-ms", f->cycle_ms,
                   "With --launch cycles: the time between cycles in ms (Horovod's HOROVOD_CYCLE_TIME)")
       ->check(number_in(0.001, 1e6));
+  cmd->add_option("--compute-cv", f->compute_cv,
+                  "Stragglers: the coefficient of variation of one replica's compute per step, e.g. 0.04; a "
+                  "synchronous step waits for the slowest replica (0: all equal)")
+      ->check(number_in(0.0, 1.0));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "bf16"}));
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")

@@ -62,6 +62,7 @@ std::string plan_table(const Plan& plan) {
             launch.c_str(), s.bf16 ? ", bf16" : "",
             (long long)s.accumulate, to_string(o.optimizer), o.price_per_device_hour);
   if (o.critical_batch > 0) t += strf(", critical batch %.0f", o.critical_batch);
+  if (s.compute_cv > 0) t += strf(", compute varies by %.3g (stragglers)", s.compute_cv);
   t += "\n\n";
   // With a critical batch, the cost counts useful samples (McCandlish et al.'s worth of a sample).
   const char* cost_column = o.critical_batch > 0 ? "cost/M useful" : "cost/M samples";

@@ -449,6 +449,24 @@ TEST(Cli, PlanLaunchSchedules) {
   EXPECT_NE(stray.output.find("--cycle-ms applies only with --launch cycles"), std::string::npos) << stray.output;
 }
 
+// Stragglers from the command line: the input echoes, the rows carry the
+// wait for the slowest replica (none at one replica), and bad values are
+// errors naming the flag.
+TEST(Cli, PlanStragglers) {
+  const CliRun r = run("plan --model resnet50 --replicas 1,64 --compute-cv 0.05 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_DOUBLE_EQ(j["inputs"]["compute_cv"].get<double>(), 0.05);
+  EXPECT_EQ(j["rows"][0]["straggler_ms"].get<double>(), 0);
+  EXPECT_GT(j["rows"][1]["straggler_ms"].get<double>(), 0);
+  EXPECT_NE(run("plan --compute-cv 0.05").output.find("compute varies by 0.05 (stragglers)"), std::string::npos);
+  for (const char* bad : {"plan --compute-cv -0.1", "plan --compute-cv 2", "plan --compute-cv much"}) {
+    const CliRun b = run(bad);
+    EXPECT_EQ(b.code, 2) << bad;
+    EXPECT_NE(b.output.find("--compute-cv"), std::string::npos) << bad << "\n" << b.output;
+  }
+}
+
 // The advice's details a reader acts on: raising the batch carries the
 // systems-only caveat, the 3-layer MLP's pipeline outline has 3 stages, and
 // a latency-bound plan with two buckets is offered one bucket.

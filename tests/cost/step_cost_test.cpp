@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 
 #include "lockstep/cost/models.h"
 #include "lockstep/error.h"
@@ -342,6 +343,68 @@ TEST(StepCost, CyclesAgreementScalesWithTheTreeDepth) {
   EXPECT_EQ(one.negotiation_ms, 0);
 }
 
+TEST(StepCost, ExpectedMaxOfNormalsMatchesClosedForms) {
+  const double root_pi = std::sqrt(std::numbers::pi);
+  EXPECT_EQ(expected_max_normal(1), 0);
+  EXPECT_NEAR(expected_max_normal(2), 1 / root_pi, 1e-9);
+  EXPECT_NEAR(expected_max_normal(3), 3 / (2 * root_pi), 1e-9);
+  // Tabulated (Harter 1961): 4 -> 1.02938, 5 -> 1.16296, 10 -> 1.53875, 100 -> 2.50759.
+  EXPECT_NEAR(expected_max_normal(4), 1.02938, 1e-5);
+  EXPECT_NEAR(expected_max_normal(5), 1.16296, 1e-5);
+  EXPECT_NEAR(expected_max_normal(10), 1.53875, 1e-5);
+  EXPECT_NEAR(expected_max_normal(100), 2.50759, 1e-5);
+  double last = 0;
+  for (int n = 2; n <= (1 << 20); n *= 2) {  // grows, and slower than sqrt(2 ln n)
+    const double e = expected_max_normal(n);
+    EXPECT_GT(e, last) << n;
+    EXPECT_LT(e, std::sqrt(2 * std::log(double(n)))) << n;
+    last = e;
+  }
+  EXPECT_THROW(expected_max_normal(0), InvalidArgument);
+}
+
+TEST(StepCost, StragglersStretchComputeAndReadyTimes) {
+  // Two replicas and c = 0.1 sqrt(pi): the slower computes 1 + c / sqrt(pi) =
+  // 1.1 x the mean. Forward 2.2 ms, backward 2.2 then 3.3 ms: bucket 0 ready
+  // at 4.4 ms, bucket 1 at 7.7 ms and started when the stream frees at
+  // 4.4 + 4.194 ms; the optimizer (0.5 ms) waits for no one.
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  StepOptions o = two_replicas();
+  o.compute_cv = 0.1 * std::sqrt(std::numbers::pi);
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_NEAR(s.buckets[0].ready_ms, 4.4, 1e-8);
+  EXPECT_NEAR(s.buckets[1].ready_ms, 7.7, 1e-8);
+  EXPECT_NEAR(s.buckets[1].start_ms, 4.4 + 4 * kMiB / 1e6, 1e-8);
+  EXPECT_NEAR(s.compute_ms, 8.2, 1e-8);
+  EXPECT_NEAR(s.straggler_ms, 0.7, 1e-8);
+  EXPECT_NEAR(s.exposed_comm_ms, 4.4 + 12 * kMiB / 1e6 - 7.7, 1e-8);
+  EXPECT_NEAR(s.step_ms, s.compute_ms + s.exposed_comm_ms, 1e-9);
+
+  // Four micro-steps average their jitter: c / sqrt(4), so 2c gives 1.1 again.
+  StepOptions k = o;
+  k.accumulate = 4;
+  k.compute_cv = 2 * o.compute_cv;
+  EXPECT_NEAR(predict_step(p, k).compute_ms, 4 * 7 * 1.1 + 0.5, 1e-8);
+
+  // One replica waits for no one.
+  StepOptions one = o;
+  one.replicas = 1;
+  EXPECT_EQ(predict_step(p, one).step_ms, predict_step(p, {.replicas = 1, .micro_batch = 1}).step_ms);
+  EXPECT_EQ(predict_step(p, one).straggler_ms, 0);
+}
+
+TEST(StepCost, MoreReplicasWaitLongerForTheSlowest) {
+  const Profile p = mlp_on_cpu(32);
+  double last = 0;
+  for (int n = 2; n <= 1024; n *= 2) {
+    const StepPrediction s = predict_step(p, {.replicas = n, .compute_cv = 0.05});
+    EXPECT_GT(s.straggler_ms, last) << n;
+    EXPECT_LE(s.step_ms, predict_step(p, {.replicas = n, .compute_cv = 0.1}).step_ms) << n;
+    last = s.straggler_ms;
+  }
+}
+
 TEST(StepCost, BadOptionsAreRejected) {
   const Profile p = mlp_on_cpu(32);
   EXPECT_THROW(predict_step(p, {.replicas = 0}), InvalidArgument);
@@ -352,6 +415,8 @@ TEST(StepCost, BadOptionsAreRejected) {
   EXPECT_THROW(predict_step(p, {.host_latency_s = -1e-6}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.launch = StepOptions::Launch::Cycles, .cycle_ms = 0}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.launch = StepOptions::Launch::Cycles, .cycle_ms = INFINITY}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.compute_cv = -0.01}), InvalidArgument);
+  EXPECT_THROW(predict_step(p, {.compute_cv = NAN}), InvalidArgument);
   EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
 }
 

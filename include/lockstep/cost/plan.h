@@ -27,7 +27,7 @@ struct PlanOptions {
 };
 
 // What limits a configuration.
-enum class Bound { Fine, Latency, Bandwidth, ExposedTail, Statistical, Memory };
+enum class Bound { Fine, Latency, Bandwidth, ExposedTail, Stragglers, Statistical, Memory };
 const char* to_string(Bound bound);
 
 struct Memory {

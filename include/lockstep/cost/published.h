@@ -15,6 +15,12 @@ struct PublishedCase {
   double predicted = 0;             // efficiency the model predicts, with the system's launch schedule
   double predicted_size_buckets = 0;  // the same with size buckets of the system's caps instead
   double predicted_no_overlap = 0;  // the same with one bucket after backward (a bound)
+  // Stragglers (StepOptions::compute_cv), which no paper reports: c is fitted
+  // to the other seven cases (least squares on efficiency, leave one out), and
+  // this case is predicted with it. A test of the term's form, not an input
+  // from the paper.
+  double straggler_cv = 0;          // c fitted without this case
+  double predicted_stragglers = 0;  // own schedule, with that c
   std::string note;                 // when off by more than 5 points: which term is wrong
 };
 

@@ -25,6 +25,13 @@
 //   host_latency per round), and an all-reduce takes at least f x its gamma
 //   term (the N replicas' reductions on C cores).
 // With either, Algorithm::Best is the cheapest once these terms are added.
+//
+// Stragglers (docs/cost-model.md, "Stragglers"): with compute_cv = c > 0,
+// each replica's compute in a step is mu (1 + c Z), Z standard normal and
+// independent across replicas and steps. A synchronous step goes at the pace
+// of the slowest: its compute, and every gradient's ready time, stretch by
+// 1 + (c / sqrt(accumulate)) E[max of N Z] (K micro-steps average their
+// jitter). The optimizer does not wait for anyone and is not stretched.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +66,13 @@ struct StepOptions {
   double reduce_bytes_per_s = 0;  // gamma; 0 = free
   int host_cores = 0;             // the replicas share this many cores; 0 = a device each
   double host_latency_s = 0;      // software cost per message hand-off, per round
+  double compute_cv = 0;          // stragglers: coefficient of variation of one replica's compute per step
 };
+
+// E[max of n independent standard normals]: 0 for n = 1, 1/sqrt(pi) for 2,
+// 3/(2 sqrt(pi)) for 3; about sqrt(2 ln n) for large n. Throws
+// InvalidArgument for n < 1.
+double expected_max_normal(int n);
 
 // How many times slower one replica computes when `replicas` share
 // `host_cores` cores: max(1, replicas / host_cores); 1 when host_cores is 0.
@@ -74,6 +87,7 @@ struct StepPrediction {
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;  // per step (all micro-steps)
   double compute_ms = 0;                                     // their sum
   double sharing = 1;                                         // core_sharing(): compute is this much slower
+  double straggler_ms = 0;                                   // forward + backward added by waiting for the slowest
   double comm_ms = 0;                                        // sum of the buckets' all-reduces
   double alpha_ms = 0, beta_ms = 0, gamma_ms = 0;            // comm_ms split by term
   double exposed_comm_ms = 0;                                // past the end of backward
@@ -86,7 +100,8 @@ struct StepPrediction {
 };
 
 // Throws InvalidArgument for replicas < 1, micro_batch < 1, accumulate < 1,
-// negative host_cores, negative bucket sizes, a cycle_ms that is not positive
+// negative host_cores, negative bucket sizes, a compute_cv that is not
+// zero or positive and finite, a cycle_ms that is not positive
 // and finite with Cycles, or a profile without parameters.
 StepPrediction predict_step(const Profile& profile, const StepOptions& options);
 
