@@ -129,6 +129,21 @@ TEST(Advisor, StragglersWhenComputeVaries) {
   EXPECT_GT(plan.recommendation.ranked.front().efficiency, 0.8);
 }
 
+// Without --compute-cv nothing waits for a straggler, even when nothing is
+// exposed either: two replicas take turns on one core, and the gradients
+// all-reduce behind a long backward of a first layer without parameters.
+TEST(Advisor, NoStragglersWithoutComputeVariation) {
+  Profile p{.model = "hidden", .micro_batch = 32, .step_compute_ms = 10};
+  p.layers = {{"no parameters", 0, 1, 5}, {"body", 2e6, 1, 3}};  // body: a bucket of its own (over 1 MiB)
+  PlanOptions o = options({1, 2}, {100e9, 1e-6});
+  o.step.host_cores = 1;
+  const Plan plan = make_plan(p, o);
+  EXPECT_EQ(plan.recommendation.first_failing, 2);
+  EXPECT_EQ(plan.rows.back().step.exposed_comm_ms, 0);
+  EXPECT_EQ(plan.rows.back().step.straggler_ms, 0);
+  EXPECT_NE(plan.recommendation.why, Bound::Stragglers);
+}
+
 TEST(Advisor, HorovodCyclesLongerThanTheStep) {
   // Little to send on a fast link, but a 20 ms fusion cycle against a 10 ms
   // step: every step waits for its cycle. The advisor names the wait and
