@@ -1,6 +1,5 @@
 // `lockstep plan`: what data parallelism costs for a model, a device and a
 // link, where it stops paying, and what to do instead (docs/cost-model.md).
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -13,6 +12,7 @@
 #include "lockstep/cost/render.h"
 #include "lockstep/cost/units.h"
 #include "lockstep/error.h"
+#include "output_files.h"
 
 namespace lockstep::cli {
 namespace {
@@ -87,14 +87,6 @@ cost::Profile build_profile(const PlanFlags& f, const std::optional<cost::Profil
   return p;
 }
 
-void write_file(const std::string& path, const std::string& text, const char* what) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out)
-    throw IoError(path + ": could not write " + what + " (missing directory, disk full or not writable).");
-}
-
 // Flags that would be silently ignored in this combination are errors.
 void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
   const auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
@@ -123,6 +115,7 @@ void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
   if (given("--cycle-ms") && f.launch != "cycles")
     throw InvalidArgument("--cycle-ms applies only with --launch cycles; add --launch cycles or drop it.");
   if (given("--svg") && f.svg_file.empty()) throw InvalidArgument("--svg needs a file name.");
+  check_outputs({{"--svg", f.svg_file}}, {{"--profile", f.profile_file}});
 }
 
 int run_plan(PlanFlags& f) {
@@ -203,7 +196,7 @@ int run_plan(PlanFlags& f) {
 
   const cost::Profile profile = build_profile(f, measured, device, cost::optimizer_passes(o.optimizer));
   const cost::Plan plan = cost::make_plan(profile, o);
-  if (!f.svg_file.empty()) write_file(f.svg_file, cost::plan_svg(plan), "the plot");
+  if (!f.svg_file.empty()) write_atomically(f.svg_file, cost::plan_svg(plan), "the plot");
   std::cout << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));
   if (!f.json && !f.svg_file.empty()) std::cout << "plot: " << f.svg_file << "\n";
   return 0;

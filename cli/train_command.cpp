@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -20,6 +19,7 @@
 #include "lockstep/error.h"
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/report.h"
+#include "output_files.h"
 #include "peak_flops.h"
 #include "process_group_flags.h"
 
@@ -52,41 +52,6 @@ struct TrainFlags {
   CLI::Option* replicas_option = nullptr;
 };
 
-// Fails before training, not after it, if the output cannot be written: a
-// file is created (and removed) beside it, which also catches what access()
-// lets root through, such as /proc and /sys.
-void check_writable(const std::string& path, const char* flag) {
-  if (path.empty()) return;
-  if (std::filesystem::is_directory(path)) {
-    throw InvalidArgument(std::string(flag) + " " + path + " is a directory; give a file name.");
-  }
-  const auto parent = std::filesystem::absolute(path).parent_path();
-  std::string probe = (parent / ".lockstep-write-check-XXXXXX").string();
-  const int fd = std::filesystem::is_directory(parent) ? mkstemp(probe.data()) : -1;
-  if (fd < 0) {
-    throw InvalidArgument(std::string(flag) + " " + path + ": the directory " + parent.string() +
-                          " does not exist or is not writable.");
-  }
-  close(fd);
-  std::error_code ignored;  // a probe left behind is harmless; failing the run for it is not
-  std::filesystem::remove(probe, ignored);
-}
-
-// Writes next to `path` and renames, so a failed write never leaves half a file.
-void write_atomically(const std::string& path, const std::string& text, const char* what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw IoError(path + ": could not write " + what + " (disk full or not writable).");
-    }
-  }
-  std::filesystem::rename(tmp, path);
-}
-
 // Per-layer forward and backward times of this run (medians over every
 // replica and step but the first), for `lockstep plan --profile`.
 cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r) {
@@ -112,24 +77,19 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   return p;
 }
 
-// Fails before training, not after it, if an output cannot be written.
+// Fails before training, not after it, if an output cannot be written or
+// would destroy another output or one of the run's inputs.
 void check_outputs(const TrainFlags& f) {
-  const std::vector<std::pair<const char*, const std::string*>> outputs = {
-      {"--save", &f.save_file},
-      {"--report", &f.report_file},
-      {"--trace", &f.trace_file},
-      {"--timeline-svg", &f.svg_file},
-      {"--profile", &f.profile_file}};
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    check_writable(*outputs[i].second, outputs[i].first);
-    for (std::size_t j = 0; j < i; ++j) {
-      if (outputs[i].second->empty() || outputs[j].second->empty()) continue;
-      if (std::filesystem::weakly_canonical(*outputs[i].second) == std::filesystem::weakly_canonical(*outputs[j].second)) {
-        throw InvalidArgument(std::string(outputs[j].first) + " and " + outputs[i].first + " both name " +
-                              *outputs[i].second + ", and the second would overwrite the first; give each its own file.");
-      }
-    }
-  }
+  std::vector<NamedFile> inputs = {{"--init", f.init_file, "--save"},
+                                  {"--secret-file", f.group.secret_file}};
+  for (const auto& file : data::image_classification_files(f.data_dir))
+    inputs.push_back({"a file of --data", file.string()});
+  check_outputs({{"--save", f.save_file},
+                 {"--report", f.report_file},
+                 {"--trace", f.trace_file},
+                 {"--timeline-svg", f.svg_file},
+                 {"--profile", f.profile_file}},
+                inputs);
   if (f.svg_step >= 0 && f.svg_file.empty())
     throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
 }

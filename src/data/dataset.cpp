@@ -143,6 +143,15 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
   return data;
 }
 
+std::vector<std::filesystem::path> image_classification_files(const std::filesystem::path& dir) {
+  std::vector<fs::path> files;
+  for (const char* name : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
+    files.push_back(dir / name);
+    files.push_back(dir / (std::string(name) + ".gz"));
+  }
+  return files;
+}
+
 std::filesystem::path default_data_dir() {
   return "/usr/share/datasets/fashion-mnist";
 }

@@ -133,6 +133,48 @@ TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
   EXPECT_EQ(kept, "the user's weights");
 }
 
+// An output that names one of the run's inputs (by any path: ./x, a
+// symlink) would destroy it: refused before training, and the input is kept.
+TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
+  const fs::path dir = make_data_dir("cli_output_input");
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 ";
+  const fs::path weights = dir / "w.safetensors";
+  ASSERT_EQ(run(common + "--save " + weights.string()).code, 0);
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string saved = bytes(weights);
+  const CliRun init = run(common + "--init " + weights.string() + " --report " + (dir / "." / "w.safetensors").string());
+  EXPECT_EQ(init.code, 2) << init.output;
+  EXPECT_NE(init.output.find("is --init (" + weights.string() + "), which the run reads"), std::string::npos)
+      << init.output;
+  EXPECT_EQ(bytes(weights), saved);
+
+  const fs::path labels = dir / "train-labels-idx1-ubyte.gz";
+  const fs::path link = dir / "link.json";
+  fs::remove(link);  // from an earlier run
+  fs::create_symlink(labels, link);
+  const std::string before = bytes(labels);
+  const CliRun data = run(common + "--trace " + link.string());
+  EXPECT_EQ(data.code, 2) << data.output;
+  EXPECT_NE(data.output.find("is a file of --data"), std::string::npos) << data.output;
+  EXPECT_EQ(data.output.find("result"), std::string::npos) << "trained before failing:\n" << data.output;
+  EXPECT_EQ(bytes(labels), before);
+
+  // Continuing from a file and saving over it is fine: --save writes after --init was read.
+  EXPECT_EQ(run(common + "--init " + weights.string() + " --save " + weights.string()).code, 0);
+
+  // plan: --svg onto the --profile it reads.
+  const fs::path profile = dir / "profile.json";
+  ASSERT_EQ(run(common + "--profile " + profile.string()).code, 0);
+  const std::string measured = bytes(profile);
+  const CliRun plan = run("plan --profile " + profile.string() + " --svg " + profile.string());
+  EXPECT_EQ(plan.code, 2) << plan.output;
+  EXPECT_NE(plan.output.find("--svg " + profile.string() + " is --profile"), std::string::npos) << plan.output;
+  EXPECT_EQ(bytes(profile), measured);
+}
+
 // A flag the chosen model or optimizer would ignore is an error, not a no-op;
 // --timeline-step past the end is found before training, with --epochs too.
 TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {

@@ -49,6 +49,10 @@ struct ImageClassificationData {
 ImageClassificationData load_image_classification(const std::filesystem::path& dir,
                                                   const DatasetOptions& options = {});
 
+// Every file load_image_classification(dir) may read: each of the four
+// names above, plain and with .gz, whether or not it exists.
+std::vector<std::filesystem::path> image_classification_files(const std::filesystem::path& dir);
+
 // Where Debian's dataset-fashion-mnist package installs Fashion-MNIST:
 // /usr/share/datasets/fashion-mnist.
 std::filesystem::path default_data_dir();

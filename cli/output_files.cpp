@@ -1,0 +1,87 @@
+#include "output_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "lockstep/error.h"
+
+namespace lockstep::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The same file by any path: one inode if both exist, else one normalised path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+void check_writable(const NamedFile& out) {
+  if (fs::is_directory(out.path)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
+  const fs::path parent = fs::absolute(out.path).parent_path();
+  std::string probe = (parent / ".lockstep-write-check-XXXXXX").string();
+  const int fd = fs::is_directory(parent) ? ::mkstemp(probe.data()) : -1;
+  if (fd < 0) {
+    throw InvalidArgument(out.flag + " " + out.path + ": the directory " + parent.string() +
+                          " does not exist or is not writable.");
+  }
+  ::close(fd);
+  std::error_code ignored;  // a probe left behind is harmless; failing the run for it is not
+  fs::remove(probe, ignored);
+}
+
+}  // namespace
+
+void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<NamedFile>& inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const NamedFile& out = outputs[i];
+    if (out.path.empty()) continue;
+    check_writable(out);
+    for (std::size_t j = 0; j < i; ++j) {
+      if (!outputs[j].path.empty() && same_file(out.path, outputs[j].path)) {
+        throw InvalidArgument(outputs[j].flag + " and " + out.flag + " both name " + out.path +
+                              ", and the second would overwrite the first; give each its own file.");
+      }
+    }
+    for (const NamedFile& in : inputs) {
+      if (!in.path.empty() && in.replaced_by != out.flag && same_file(out.path, in.path)) {
+        throw InvalidArgument(out.flag + " " + out.path + " is " + in.flag + " (" + in.path +
+                              "), which the run reads; writing it would destroy it. Give " + out.flag +
+                              " another file.");
+      }
+    }
+  }
+}
+
+void write_atomically(const std::string& path, const std::string& text, const char* what) {
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  const auto fail = [&](const std::string& why) {
+    throw IoError(path + ": could not write " + what + " (" + why + ").");
+  };
+  if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
+  std::size_t done = 0;
+  int err = 0;
+  while (done < text.size() && err == 0) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0) done += std::size_t(n);
+    else if (n < 0 && errno != EINTR) err = errno;
+  }
+  if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;  // mkstemp creates 0600
+  if (::close(fd) != 0 && err == 0) err = errno;
+  std::error_code ec;
+  if (err == 0) fs::rename(tmp, path, ec);
+  if (err != 0 || ec) {
+    const std::string why = err != 0 ? std::strerror(err) : "cannot replace the file: " + ec.message();
+    fs::remove(tmp, ec);  // the target was not touched
+    fail(why);
+  }
+}
+
+}  // namespace lockstep::cli
