@@ -19,6 +19,22 @@ std::uint64_t gradient_bytes_per_step(const TrainResult& r) {
   return r.steps > 0 && !r.traffic.empty() ? r.traffic[0].gradients / r.steps : 0;
 }
 
+// What all replicas sent together, by kind.
+TrafficBytes total_sent(const TrainResult& r) {
+  TrafficBytes sum;
+  for (const TrafficBytes& t : r.traffic) {
+    sum.init_broadcast += t.init_broadcast;
+    sum.setup += t.setup;
+    sum.gradients += t.gradients;
+    sum.control += t.control;
+    sum.checks += t.checks;
+    sum.repair += t.repair;
+    sum.buffers += t.buffers;
+    sum.unaccounted += t.unaccounted;
+  }
+  return sum;
+}
+
 }  // namespace
 
 std::string summary_text(const TrainConfig& c, const TrainResult& r) {
@@ -74,13 +90,14 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += line;
   // Measured: all bytes the replicas sent in the initial broadcast, spread
   // over the N-1 replicas that received them.
-  std::uint64_t init_sent = 0;
-  for (const auto& t : r.traffic) init_sent += t.init_broadcast;
-  const double received = r.replicas > 1 ? double(init_sent) / double(r.replicas - 1) : 0.0;
-  s += "               weights: broadcast once at start (each other replica received " +
-       human_bytes(received) +
-       "), 0 B after; activations: " + human_bytes(double(r.traffic.empty() ? 0 : r.traffic[0].unaccounted)) +
-       "\n";
+  const TrafficBytes all = total_sent(r);
+  const double received = r.replicas > 1 ? double(all.init_broadcast) / double(r.replicas - 1) : 0.0;
+  s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
+       "), " + human_bytes(double(all.repair + all.unaccounted)) + " after" +
+       (all.repair > 0 ? " (re-broadcast with the optimizer state by " + std::to_string(r.repairs) +
+                              " --on-divergence repair" + (r.repairs == 1 ? "" : "s") + ")"
+                        : "") +
+       "; activations: " + human_bytes(double(all.unaccounted)) + "\n";
   if (!r.buffer_layout.tensors().empty()) {
     s += "  buffers      " + std::to_string(r.buffer_layout.numel()) + " floats per replica (";
     for (std::size_t i = 0; i < r.buffer_layout.tensors().size(); ++i) {
@@ -189,14 +206,15 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   }
   j["buckets"] = buckets;
   const auto& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
+  const TrafficBytes all = total_sent(r);
   j["bytes"] = {{"weights_per_replica", r.weight_bytes},
                 {"grads_per_replica", r.grad_bytes},
                 {"optimizer_state_per_replica", r.optimizer_state_bytes},
                 {"allreduce_per_step_per_replica", r.allreduce_bytes_per_step_formula},
                 {"measured_gradient_bytes_sent_per_step_per_replica", gradient_bytes_per_step(r)},
                 {"weights_broadcast_at_init", t0.init_broadcast},
-                {"weights_exchanged_after_init", t0.unaccounted},
-                {"activations_communicated", t0.unaccounted},
+                {"weights_exchanged_after_init", all.repair + all.unaccounted},
+                {"activations_communicated", all.unaccounted},
                 {"control_bytes", t0.control}};
   nlohmann::json per = nlohmann::json::array();
   for (const auto& t : r.traffic) {

@@ -560,10 +560,24 @@ TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   EXPECT_EQ(stop.code, 1);
   EXPECT_NE(stop.output.find("replicas diverged by step 2:"), std::string::npos) << stop.output;
   EXPECT_NE(stop.output.find("on rank 3 differs"), std::string::npos) << stop.output;
-  const CliRun repair = run(common + "--check-every 1 --inject bitflip@2:3 --on-divergence repair");
+  const fs::path report = dir / "repair.json";
+  const CliRun repair =
+      run(common + "--check-every 1 --inject bitflip@2:3 --on-divergence repair --report " + report.string());
   EXPECT_EQ(repair.code, 0) << repair.output;
   EXPECT_NE(repair.output.find("lockstep: warning: replicas diverged"), std::string::npos) << repair.output;
   EXPECT_NE(repair.output.find("1 repairs"), std::string::npos) << repair.output;
+  // The repair sent weights after the start, and the summary and report say so.
+  EXPECT_NE(repair.output.find(" after (re-broadcast with the optimizer state by 1 --on-divergence repair)"),
+            std::string::npos)
+      << repair.output;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  std::uint64_t repair_bytes = 0;
+  for (const auto& sent : j["bytes"]["per_replica_sent"]) repair_bytes += sent["repair"].get<std::uint64_t>();
+  // 16-8-3 MLP: 163 weights and 163 momentum floats reach each of the 3 other replicas.
+  EXPECT_GE(repair_bytes, 3u * 2 * 163 * 4);
+  EXPECT_EQ(j["bytes"]["weights_exchanged_after_init"], repair_bytes);
+  EXPECT_EQ(j["bytes"]["activations_communicated"], 0);
   const CliRun nan = run(common + "--inject nan@1:2");
   EXPECT_EQ(nan.code, 0) << nan.output;
   EXPECT_NE(nan.output.find("step 1: non-finite gradient on rank 2"), std::string::npos) << nan.output;
