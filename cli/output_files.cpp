@@ -19,7 +19,9 @@ namespace fs = std::filesystem;
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  // Absolute first: weakly_canonical resolves only the part that exists, so
+  // "./x" (whose "." exists) and "x" (nothing exists) would come out apart.
+  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
 }
 
 void check_writable(const NamedFile& out) {

@@ -131,6 +131,19 @@ TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
   std::ifstream in(file);
   const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(kept, "the user's weights");
+  // A file that does not exist yet, spelled two ways (relative and ./, relative and absolute).
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  const CliRun fresh = run("train --data . --replicas 2 --micro-batch 8 --steps 1 --save ./new.st --timeline-svg new.st");
+  const CliRun absolute = run("train --data . --replicas 2 --micro-batch 8 --steps 1 --report new.json --trace " +
+                              (dir / "new.json").string());
+  fs::current_path(cwd);
+  EXPECT_EQ(fresh.code, 2) << fresh.output;
+  EXPECT_NE(fresh.output.find("--save and --timeline-svg both name"), std::string::npos) << fresh.output;
+  EXPECT_EQ(absolute.code, 2) << absolute.output;
+  EXPECT_NE(absolute.output.find("--report and --trace both name"), std::string::npos) << absolute.output;
+  EXPECT_FALSE(fs::exists(dir / "new.st"));
+  EXPECT_FALSE(fs::exists(dir / "new.json"));
 }
 
 // An output that names one of the run's inputs (by any path: ./x, a
