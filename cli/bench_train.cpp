@@ -172,8 +172,9 @@ int run_bench_train(const BenchFlags& f) {
   }
   std::printf("peak sgemm on all cores: %.1f GFLOP/s (OpenBLAS %s kernels); model: %.2f MFLOP per sample\n",
               peak / 1e9, nn::blas_core_name().c_str(), flops_per_sample / 1e6);
-  std::printf("median of %d runs of %lld steps (after %lld warm-up steps), global batch 256\n\n", f.repeats,
-              (long long)f.steps, (long long)f.warmup);
+  std::printf("median of %d runs of %lld steps (after %lld warm-up steps); global batch = replicas x "
+              "micro-batch\n\n",
+              f.repeats, (long long)f.steps, (long long)f.warmup);
   std::printf("%-10s %12s %8s %9s %16s %16s\n", "config", "samples/s", "MFU", "vs best", "matmuls alone",
               "bound on vs best");
   for (const auto& row : rows) {

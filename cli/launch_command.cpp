@@ -158,7 +158,8 @@ Action add_launch_command(CLI::App& app) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--nproc", flags->nproc, "Processes (ranks) to start on this host")
       ->required()
-      ->transform(whole_number_in(1, 1024));
+      ->transform(whole_number_in(1, 1024))
+      ->default_str("");  // required: no default to show
   cmd->add_option("--backend", flags->backend, "Process backend the ranks use")
       ->check(CLI::IsMember({"gloo"}));
   cmd->add_option("--rendezvous-timeout", flags->rendezvous_timeout_s,

@@ -28,9 +28,12 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
                  "threads: every replica a thread of this process; gloo or mpi: this process is one rank of a "
                  "group of processes")
       ->check(CLI::IsMember({"threads", "gloo", "mpi"}));
-  cmd.add_option("--rank", f.rank, "This process's rank (gloo; default: $RANK)")->transform(whole_number_in(0, 1 << 20));
+  cmd.add_option("--rank", f.rank, "This process's rank (gloo; default: $RANK)")
+      ->transform(whole_number_in(0, 1 << 20))
+      ->default_str("");  // unset: -1 is no rank, so the help shows none
   cmd.add_option("--world-size", f.world_size, "Number of ranks (gloo; default: $WORLD_SIZE)")
-      ->transform(whole_number_in(1, 1 << 20));
+      ->transform(whole_number_in(1, 1 << 20))
+      ->default_str("");
   cmd.add_option("--rendezvous", f.rendezvous,
                  "Where the ranks meet: file:DIR (one host or a shared filesystem) or redis://HOST:PORT (gloo; "
                  "default: $LOCKSTEP_RENDEZVOUS)");

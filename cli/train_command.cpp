@@ -48,6 +48,9 @@ struct TrainFlags {
   std::string init_file, save_file, report_file;
   CLI::Option* lr_option = nullptr;
   CLI::Option* hidden_option = nullptr;
+  CLI::Option* momentum_option = nullptr;
+  CLI::Option* steps_option = nullptr;
+  CLI::Option* epochs_option = nullptr;
   ProcessGroupFlags group;  // --backend and the process-group flags
   CLI::Option* replicas_option = nullptr;
 };
@@ -103,6 +106,11 @@ void check_flag_combinations(const TrainFlags& f) {
   if (c.optimizer != "sgd" && c.nesterov)
     throw InvalidArgument("--nesterov applies to --optimizer sgd only; leave it out with --optimizer " +
                           c.optimizer + ".");
+  if (c.optimizer != "sgd" && f.momentum_option->count() > 0)
+    throw InvalidArgument("--momentum applies to --optimizer sgd only (adamw has its own moments); leave it "
+                          "out with --optimizer " + c.optimizer + ".");
+  if (f.steps_option->count() > 0 && f.epochs_option->count() > 0 && c.steps > 0)
+    throw InvalidArgument("--steps and --epochs both set the length of the run; give one of them.");
 }
 
 // --timeline-step past the run's last step, found before training. The
@@ -326,9 +334,9 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--micro-batch", c.micro_batch,
                   "Samples per replica per step; global batch = replicas x micro-batch")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
-  cmd->add_option("--epochs", c.epochs, "Epochs to train")
+  flags->epochs_option = cmd->add_option("--epochs", c.epochs, "Epochs to train")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{100000}));
-  cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
+  flags->steps_option = cmd->add_option("--steps", c.steps, "Stop after this many steps instead (0: use --epochs)")
       ->transform(whole_number_in(0, std::int64_t{1} << 40));
   cmd->add_option("--model", c.model,
                   "Model: mlp (--hidden), or cnn (2 conv + batch norm + dropout, 28x28 images)")
@@ -340,7 +348,7 @@ Action add_train_command(CLI::App& app) {
           ->check(positive_number(1e6));
   cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")
       ->check(CLI::IsMember({"cosine", "constant"}));
-  cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
+  flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")
       ->check(number_in(0.0, 1e6));
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
@@ -393,7 +401,8 @@ Action add_train_command(CLI::App& app) {
       "--profile", flags->profile_file,
       "Write per-layer parameter bytes and forward/backward times (JSON) for lockstep plan --profile");
   cmd->add_option("--timeline-step", flags->svg_step, "The step --timeline-svg draws (default: the last)")
-      ->transform(whole_number_in(0, std::int64_t{1} << 40));
+      ->transform(whole_number_in(0, std::int64_t{1} << 40))
+      ->default_str("");  // -1 stands for "the last"
   cmd->add_option("--data", flags->data_dir,
                   "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");

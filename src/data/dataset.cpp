@@ -68,6 +68,7 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
   Dataset set;
   set.size = images.dims[0];
   set.features = static_cast<std::int64_t>(images.bytes.size()) / set.size;
+  set.shape.assign(images.dims.begin() + 1, images.dims.end());
   set.inputs.resize(images.bytes.size());
   std::transform(images.bytes.begin(), images.bytes.end(), set.inputs.begin(),
                  [](std::uint8_t p) { return static_cast<float>(p) / 255.0f; });
@@ -77,6 +78,13 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
 
 void normalize_in_place(std::vector<float>& values, float mean, float stddev) {
   for (float& v : values) v = (v - mean) / stddev;
+}
+
+// "28x28".
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s;
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s.empty() ? "single values" : s;
 }
 
 }  // namespace
@@ -107,10 +115,12 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
   data.dir = dir;
   data.train = load_pair(train_images, train_labels);
   data.test = load_pair(test_images, test_labels);
-  if (data.train.features != data.test.features) {
-    throw IoError(train_images.string() + " has " + std::to_string(data.train.features) +
-                  " pixels per image but " + test_images.string() + " has " +
-                  std::to_string(data.test.features) + "; train and test must match");
+  if (data.train.shape != data.test.shape) {
+    const auto text = [](const Dataset& d) {
+      return shape_text(d.shape) + " images (" + std::to_string(d.features) + " pixels)";
+    };
+    throw IoError(train_images.string() + " has " + text(data.train) + " but " + test_images.string() + " has " +
+                  text(data.test) + "; train and test must match");
   }
 
   const auto max_label = *std::max_element(data.train.labels.begin(), data.train.labels.end());

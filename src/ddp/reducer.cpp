@@ -174,6 +174,11 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
     for (auto t : s.buckets[k].tensors) s.bucket_of[t] = k;
     widest = std::max(widest, s.buckets[k].numel);
   }
+  if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
+      options.algorithm != comm::Algorithm::Ring) {
+    throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +
+                          comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
+  }
   if (options.compression == Compression::Bf16) {
     s.residual.assign(grads.size(), 0.0f);
     s.wire.resize(widest);

@@ -36,7 +36,7 @@ std::vector<float> load_weights(const std::filesystem::path& path, const Layout&
     }
     if (it->shape != t.shape) {
       throw IoError(path.string() + ": tensor '" + t.name + "' has shape " + shape_str(it->shape) +
-                    " but the model needs " + shape_str(t.shape) + "; check --hidden and the data set.");
+                    " but the model needs " + shape_str(t.shape) + "; check --model, --hidden and the data set.");
     }
     std::copy(it->data.begin(), it->data.end(), out.begin() + static_cast<std::ptrdiff_t>(t.offset));
   }

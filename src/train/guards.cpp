@@ -260,9 +260,9 @@ void Guards::plan_step(std::span<const std::int64_t> order, std::int64_t begin, 
   for (std::int64_t i = begin; i < end; ++i) planned_.add(order[static_cast<std::size_t>(i)]);
 }
 
-bool Guards::check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
+bool Guards::check(std::int64_t step, bool epoch_end, bool last_step, std::span<float> params, std::span<float> state,
                    std::span<float> buffers, ReplicaOutput& out) {
-  const bool divergence = c_.check_every > 0 && (step + 1) % c_.check_every == 0;
+  const bool divergence = c_.check_every > 0 && ((step + 1) % c_.check_every == 0 || last_step);
   if (!divergence && !epoch_end) return false;
   // One gather: the state's fingerprints (if due), then this window's tally.
   std::vector<std::uint64_t> words;

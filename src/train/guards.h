@@ -92,13 +92,14 @@ class Guards {
   void read_sample(std::int64_t index) { read_.add(index); }
   void plan_step(std::span<const std::int64_t> order, std::int64_t begin, std::int64_t end);
 
-  // Every check_every steps, and at the end of every epoch (and of the run):
-  // one gather of the state fingerprints (divergence detector; only every
-  // check_every steps) and of the samples read since the last check
+  // Every check_every steps, and at the end of every epoch and of the run:
+  // one gather of the state fingerprints (divergence detector; every
+  // check_every steps and after the run's last step, so the weights a run
+  // ends with are always compared) and of the samples read since the last check
   // (accounting). Throws Error on every replica when the accounting fails or
   // the replicas diverged (stop), or re-broadcasts from a majority replica
   // (repair). Returns whether the divergence detector ran.
-  bool check(std::int64_t step, bool epoch_end, std::span<float> params, std::span<float> state,
+  bool check(std::int64_t step, bool epoch_end, bool last_step, std::span<float> params, std::span<float> state,
              std::span<float> buffers, ReplicaOutput& out);
 
  private:

@@ -315,8 +315,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_optimizer_end = Clock::now();
     recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_optimizer_end);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
-    const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || step == s.total_steps - 1;
-    const bool checked = guards.check(step, epoch_end, params, optimizer->state(), buffers, out);  // in the step's time
+    const bool last_step = step == s.total_steps - 1;
+    const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || last_step;
+    const bool checked = guards.check(step, epoch_end, last_step, params, optimizer->state(), buffers, out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
@@ -352,7 +353,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       p.samples_per_s = double(samples) / elapsed;
       if (rank == 0 && s.hooks.on_progress) s.hooks.on_progress(p);
     }
-    if (epoch_end) out.epochs_run = epoch + 1;
+    if (in_epoch == s.sampler.steps_per_epoch() - 1) out.epochs_run = epoch + 1;  // completed
   }
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();

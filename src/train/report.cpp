@@ -35,23 +35,28 @@ TrafficBytes total_sent(const TrainResult& r) {
   return sum;
 }
 
+// "1 replica", "8 replicas".
+std::string plural(std::int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 }  // namespace
 
 std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   char line[512];
   std::string s;
+  char epochs[64];
+  std::snprintf(epochs, sizeof epochs, "%.3g epoch%s", r.epochs, r.epochs == 1 ? "" : "s");
+  const std::string steps = plural(r.steps, "step") + " (" + epochs + ")";
   if (r.accumulate > 1) {
-    std::snprintf(
-        line, sizeof line,
-        "lockstep: %lld replicas x %lld x %lld accumulated micro-steps = effective batch %lld, %lld "
-        "steps (%lld epochs)\n",
-        (long long)r.replicas, (long long)r.micro_batch, (long long)r.accumulate, (long long)r.global_batch,
-        (long long)r.steps, (long long)r.epochs_run);
-  } else {
     std::snprintf(line, sizeof line,
-                  "lockstep: %lld replicas x %lld = global batch %lld, %lld steps (%lld epochs)\n",
-                  (long long)r.replicas, (long long)r.micro_batch, (long long)r.global_batch,
-                  (long long)r.steps, (long long)r.epochs_run);
+                  "lockstep: %s x %lld x %lld accumulated micro-steps = effective batch %lld, %s\n",
+                  plural(r.replicas, "replica").c_str(), (long long)r.micro_batch, (long long)r.accumulate,
+                  (long long)r.global_batch, steps.c_str());
+  } else {
+    std::snprintf(line, sizeof line, "lockstep: %s x %lld = global batch %lld, %s\n",
+                  plural(r.replicas, "replica").c_str(), (long long)r.micro_batch, (long long)r.global_batch,
+                  steps.c_str());
   }
   s += line;
   s += "  model        " + r.model_description + " (" + std::to_string(r.param_count) + " parameters)\n";
@@ -60,9 +65,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        human_bytes(double(r.optimizer_state_bytes)) + " (" + r.optimizer_description + ")\n";
   std::snprintf(line, sizeof line,
                 "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; "
-                "each replica saw %lld samples in all\n",
+                "%lld samples read in all, each by one replica\n",
                 (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate),
-                (long long)(r.samples_seen / std::max<std::int64_t>(1, r.replicas)));
+                (long long)r.samples_seen);
   s += line;
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
        " of gradients sent in one all-reduce (2P(N-1)/N = " +
@@ -74,10 +79,19 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                   (long long)c.atom);
     s += line;
   } else {
+  char sizes[96];
+  if (c.bucket_mb == 0) {
+    std::snprintf(sizes, sizeof sizes, "--bucket-mb 0: every gradient in one");
+  } else {
+    std::snprintf(sizes, sizeof sizes, "first %.3g MiB, then %.3g MiB", c.first_bucket_mb, c.bucket_mb);
+  }
+  const char* when = r.overlapped          ? "during backward"
+                     : c.bucket_mb == 0    ? "after backward"
+                     : c.overlap == Overlap::Off ? "after backward (--overlap off)"
+                                                 : "after backward (the in-process shared-memory all-reduce "
+                                                   "runs on the cores that compute; --overlap on forces a thread)";
   std::snprintf(
-      line, sizeof line, "  buckets      %zu (first %.3g MiB, then %.3g MiB), all-reduced %s%s%s%s\n",
-      r.buckets.size(), c.first_bucket_mb, c.bucket_mb,
-      r.overlapped ? "during backward" : "after backward (in-process: see --overlap)",
+      line, sizeof line, "  buckets      %zu (%s), all-reduced %s%s%s%s\n", r.buckets.size(), sizes, when,
       c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
       c.link.enabled() ? ", modelled link " : "", c.link.enabled() ? c.link.describe().c_str() : "");
   s += line;
@@ -111,7 +125,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       s += "): --bn-stats local, each replica updates its own from its own micro-batches; never communicated";
       if (r.divergence_checks > 0)
         s += " (they differed at " + std::to_string(r.buffer_checks_differing) + " of " +
-             std::to_string(r.divergence_checks) + " checks, as expected)";
+             plural(r.divergence_checks, "check") + ", as expected)";
       s += "\n";
     }
   }
@@ -124,14 +138,14 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     s += std::string(r.buffer_layout.tensors().empty() || (c.bn_stats == BnStats::Local && !c.deterministic)
                          ? "weights and optimizer state"
                          : "weights, optimizer state and buffers") +
-         " compared every " + std::to_string(c.check_every) + " step" +
-         (c.check_every > 1 ? "s" : "") + " (" + std::to_string(r.divergence_checks) + " checks, " + line +
-         ", " + std::to_string(r.repairs) + " repairs)";
+         " compared every " + (c.check_every > 1 ? plural(c.check_every, "step") : "step") +
+         " and after the last (" + plural(r.divergence_checks, "check") + ", " + line + ", " +
+         plural(r.repairs, "repair") + ")";
   } else {
     s += "divergence detector off";
   }
-  s += "; " + std::to_string(r.skipped.size()) + " steps skipped for non-finite gradients; every sample read " +
-       "exactly once (" + std::to_string(r.accounting_checks) + " accounting checks)\n";
+  s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; every sample " +
+       "read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {
@@ -176,6 +190,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"atom", c.atom},
                  {"first_bucket_mb", c.first_bucket_mb},
                  {"bucket_mb", c.bucket_mb},
+                 {"algorithm", comm::to_string(c.algorithm)},
                  {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
                  {"overlap", r.overlapped},
                  {"link_bytes_per_second", c.link.bytes_per_second},

@@ -28,9 +28,15 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.model != "mlp" && c.model != "cnn") {
     throw InvalidArgument("unknown --model '" + c.model + "'; the choices are: mlp, cnn");
   }
-  if (c.model == "cnn" && data.train.features != 28 * 28) {
+  const std::vector<std::int64_t> image28{28, 28};
+  if (c.model == "cnn" && (data.train.features != 28 * 28 || (!data.train.shape.empty() &&
+                                                              (data.train.shape != image28 ||
+                                                               data.test.shape != image28)))) {
     throw InvalidArgument("--model cnn takes 28x28 single-channel images; this data set has " +
-                          std::to_string(data.train.features) + " features per sample");
+                          std::to_string(data.train.features) + " values per sample" +
+                          (data.train.shape.size() > 1 ? " (" + std::to_string(data.train.shape[0]) + "x" +
+                                                             std::to_string(data.train.shape[1]) + ")"
+                                                       : std::string()));
   }
   if (c.optimizer != "sgd" && c.optimizer != "adamw") {
     throw InvalidArgument("unknown --optimizer '" + c.optimizer + "'; the choices are: sgd, adamw");
@@ -48,6 +54,12 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
     throw InvalidArgument(
         "--algorithm shared_memory sends no messages, so a modelled link cannot delay it; use auto, ring or "
         "halving_doubling with --link-bandwidth/--link-latency");
+  }
+  if (c.compression == ddp::Compression::Bf16 && c.algorithm != comm::Algorithm::Auto &&
+      c.algorithm != comm::Algorithm::Ring) {
+    throw InvalidArgument(std::string("--compress bf16 all-reduces with its own ring (bf16 on the wire, float32 "
+                                      "sums), so --algorithm ") +
+                          comm::to_string(c.algorithm) + " would be ignored; leave --algorithm out or use ring.");
   }
   if (data.train.size == 0 || data.test.size == 0) throw InvalidArgument("the data set is empty");
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
@@ -97,7 +109,7 @@ OnDivergence on_divergence_from_string(std::string_view name) {
 Fault fault_from_string(std::string_view spec) {
   const auto bad = [&] {
     return InvalidArgument("bad --inject '" + std::string(spec) +
-                           "': expected same-seed, or KIND@STEP:RANK with KIND bitflip, nan or throw, e.g. "
+                           "': expected same-seed, or KIND@STEP:RANK with KIND bitflip, bitflip-buffer, nan or throw, e.g. "
                            "bitflip@20:3");
   };
   if (spec == "same-seed") return Fault{.kind = Fault::Kind::SameSeed};
@@ -165,6 +177,12 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
        .seed = c.seed,
        .last_batch = c.ragged == Ragged::Drop || c.deterministic ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
+  for (const auto& f : c.inject) {
+    if (f.kind != Fault::Kind::SameSeed && f.step >= total_steps) {
+      throw InvalidArgument("--inject names step " + std::to_string(f.step) + ", past the run's last step (" +
+                            std::to_string(total_steps - 1) + "); the fault would never happen.");
+    }
+  }
   auto probe = make_model(c, data.train.features, data.train.num_classes);
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {
     throw InvalidArgument("initial weights hold " + std::to_string(c.initial_params->size()) +
@@ -209,6 +227,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.global_batch = sampler.global_batch();
   res.steps = p.total_steps;
   res.epochs_run = o.epochs_run;
+  res.epochs = double(p.total_steps) / double(sampler.steps_per_epoch());
   res.final_loss = o.final_loss;
   res.epoch_test_accuracy = o.epoch_test_accuracy;
   if (!o.epoch_test_accuracy.empty()) res.test_accuracy = o.epoch_test_accuracy.back();
@@ -228,8 +247,9 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   const auto probe_optimizer = make_optimizer(c, p.probe->layout().numel());
   res.optimizer_state_bytes = probe_optimizer->state().size_bytes();
   res.optimizer_description = probe_optimizer->describe();
-  res.allreduce_bytes_per_step_formula =
-      2 * res.grad_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
+  // P in the bytes of the wire's type: float32, or bf16 with --compress bf16.
+  const std::uint64_t wire_bytes = c.compression == ddp::Compression::Bf16 ? res.grad_bytes / 2 : res.grad_bytes;
+  res.allreduce_bytes_per_step_formula = 2 * wire_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
   std::vector<detail::StepSample> samples;
   for (auto& out : outputs) {
     res.traffic.push_back(out.traffic);

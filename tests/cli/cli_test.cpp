@@ -200,6 +200,21 @@ TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   EXPECT_EQ(nesterov.code, 2);
   EXPECT_NE(nesterov.output.find("--nesterov applies to --optimizer sgd only"), std::string::npos)
       << nesterov.output;
+  const CliRun momentum = run(common + "--steps 1 --optimizer adamw --momentum 0.5");
+  EXPECT_EQ(momentum.code, 2);
+  EXPECT_NE(momentum.output.find("--momentum applies to --optimizer sgd only"), std::string::npos)
+      << momentum.output;
+  const CliRun length = run(common + "--steps 3 --epochs 2");
+  EXPECT_EQ(length.code, 2);
+  EXPECT_NE(length.output.find("--steps and --epochs both set the length"), std::string::npos) << length.output;
+  const CliRun bf16 = run(common + "--steps 1 --compress bf16 --algorithm halving_doubling");
+  EXPECT_EQ(bf16.code, 2);
+  EXPECT_NE(bf16.output.find("--compress bf16 all-reduces with its own ring"), std::string::npos) << bf16.output;
+  EXPECT_EQ(run(common + "--steps 1 --compress bf16 --algorithm ring --quiet").code, 0);
+  const CliRun late = run(common + "--steps 4 --inject nan@4:1");
+  EXPECT_EQ(late.code, 2);
+  EXPECT_NE(late.output.find("--inject names step 4, past the run's last step (3)"), std::string::npos)
+      << late.output;
   // 64 samples, global batch 16: 2 epochs are 8 steps.
   const std::string svg = " --timeline-svg " + (dir / "t.svg").string();
   const CliRun past = run(common + "--epochs 2" + svg + " --timeline-step 8");
@@ -307,6 +322,8 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_EQ(j["micro_batch"], 4);
   EXPECT_EQ(j["global_batch"], 16);
   EXPECT_EQ(j["steps"], 6);
+  EXPECT_EQ(j["epochs"], 1);  // completed: 64 samples are 4 steps of 16
+  EXPECT_NE(r.output.find("6 steps (1.5 epochs)"), std::string::npos) << r.output;
   for (const char* k : {"final_loss", "test_accuracy", "samples_per_s", "mfu"})
     EXPECT_TRUE(j.contains(k)) << k;
   const std::uint64_t p = (16 * 8 + 8 + 8 * 3 + 3) * 4;  // MLP 16-8-3 in bytes
@@ -578,7 +595,7 @@ TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
       run(common + "--check-every 1 --inject bitflip@2:3 --on-divergence repair --report " + report.string());
   EXPECT_EQ(repair.code, 0) << repair.output;
   EXPECT_NE(repair.output.find("lockstep: warning: replicas diverged"), std::string::npos) << repair.output;
-  EXPECT_NE(repair.output.find("1 repairs"), std::string::npos) << repair.output;
+  EXPECT_NE(repair.output.find("1 repair)"), std::string::npos) << repair.output;
   // The repair sent weights after the start, and the summary and report say so.
   EXPECT_NE(repair.output.find(" after (re-broadcast with the optimizer state by 1 --on-divergence repair)"),
             std::string::npos)
@@ -594,7 +611,7 @@ TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   const CliRun nan = run(common + "--inject nan@1:2");
   EXPECT_EQ(nan.code, 0) << nan.output;
   EXPECT_NE(nan.output.find("step 1: non-finite gradient on rank 2"), std::string::npos) << nan.output;
-  EXPECT_NE(nan.output.find("1 steps skipped"), std::string::npos) << nan.output;
+  EXPECT_NE(nan.output.find("1 step skipped"), std::string::npos) << nan.output;
   const CliRun thrown = run(common + "--inject throw@1:2");
   EXPECT_EQ(thrown.code, 1);
   EXPECT_NE(thrown.output.find("rank 2: injected failure at step 1"), std::string::npos) << thrown.output;

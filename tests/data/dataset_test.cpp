@@ -211,7 +211,11 @@ TEST_F(DatasetTest, LabelsNeedOneDimAndUnsignedBytes) {
 TEST_F(DatasetTest, TrainAndTestFeaturesMustMatch) {
   write_fixture();
   write("t10k-images-idx3-ubyte.gz", {kTest, 2, 2}, Bytes(kTest * 4, 1));
-  expect_load_error({"train-images-idx3-ubyte", "t10k-images-idx3-ubyte", "6 pixels", "has 4"});
+  expect_load_error({"train-images-idx3-ubyte", "t10k-images-idx3-ubyte", "2x3 images (6 pixels)",
+                     "has 2x2 images (4 pixels)"});
+  // The same number of pixels in another shape is another image, too.
+  write("t10k-images-idx3-ubyte.gz", {kTest, 3, 2}, Bytes(kTest * 6, 1));
+  expect_load_error({"train-images-idx3-ubyte", "2x3 images", "has 3x2 images"});
 }
 
 TEST_F(DatasetTest, TestLabelBeyondTrainClassesIsAnError) {

@@ -102,6 +102,20 @@ TEST(Divergence, BitFlipStopsNamingRankTensorAndStep) {
       << what;
 }
 
+// The weights a run ends with are always compared: a flip after the last
+// whole check interval (here the run is shorter than one) is caught after
+// the last step, not handed to --save.
+TEST(Divergence, TheLastStepIsCheckedWhateverTheInterval) {
+  auto c = config(3);
+  c.check_every = 20;  // longer than the run's 12 steps
+  c.inject = {fault_from_string("bitflip@9:1")};
+  const auto what = error_of(c);
+  EXPECT_NE(what.find("replicas diverged by step 11: "), std::string::npos) << what;
+  EXPECT_NE(what.find("on rank 1 differs from ranks 0 and 2"), std::string::npos) << what;
+  c.inject.clear();
+  EXPECT_EQ(train(c, synthetic_data(1024)).divergence_checks, 1);
+}
+
 // Repair re-broadcasts from a majority replica: identical again from the
 // next step on, and training goes on. Without the detector the same flip
 // goes unnoticed: the replicas silently disagree to the end.

@@ -182,6 +182,7 @@ TEST(Compression, Bf16HalvesGradientBytesAndStillTrains) {
   const auto a = train(exact, data);
   const auto b = train(bf16, data);
   EXPECT_EQ(2 * b.traffic[0].gradients, a.traffic[0].gradients);
+  EXPECT_EQ(2 * b.allreduce_bytes_per_step_formula, a.allreduce_bytes_per_step_formula);
   EXPECT_NEAR(a.final_loss, b.final_loss, 0.02 * a.final_loss);
   EXPECT_GT(max_abs_diff(a.params, b.params), 0.0f) << "the compressed path must differ somewhere";
   EXPECT_LT(max_abs_diff(a.params, b.params), 5e-3f);
@@ -190,6 +191,13 @@ TEST(Compression, Bf16HalvesGradientBytesAndStillTrains) {
 TEST(Config, NewFlagsAreValidated) {
   const auto data = synthetic_data(1024);
   auto c = config(2, 16);
+  c.compression = ddp::Compression::Bf16;  // bf16 runs its own ring: another algorithm would be ignored
+  c.algorithm = comm::Algorithm::HalvingDoubling;
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  c = config(2, 16);
+  c.inject = {fault_from_string("nan@500:0")};  // past the last step: the fault would never happen
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  c = config(2, 16);
   c.accumulate = 0;
   EXPECT_THROW(train(c, data), InvalidArgument);
   c = config(2, 16);

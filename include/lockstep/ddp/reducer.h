@@ -67,6 +67,8 @@ struct ReducerOptions {
   double first_bucket_mb = 1;  // MiB; the first bucket launched (the last tensors)
   double bucket_mb = 25;       // MiB; 0 = a single bucket at the end of backward
   comm::Algorithm algorithm = comm::Algorithm::Auto;
+  // Bf16 all-reduces with its own ring (bf16 on the wire, float32 sums), so
+  // it takes algorithm Auto or Ring only; any other is InvalidArgument.
   Compression compression = Compression::None;
   // true: a communication thread all-reduces each bucket as soon as it is
   // ready, overlapping backward. false: finish_step() all-reduces the

@@ -156,7 +156,9 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
 };
 
 struct TrainResult {
-  std::int64_t replicas = 0, micro_batch = 0, accumulate = 1, global_batch = 0, steps = 0, epochs_run = 0;
+  std::int64_t replicas = 0, micro_batch = 0, accumulate = 1, global_batch = 0, steps = 0;
+  std::int64_t epochs_run = 0;  // epochs completed
+  double epochs = 0;            // steps / steps per epoch: fractional when the run ends mid-epoch
   std::int64_t samples_seen = 0;
   double final_loss = 0;
   std::optional<double> test_accuracy;
