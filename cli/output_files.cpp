@@ -61,29 +61,4 @@ void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<Name
   }
 }
 
-void write_atomically(const std::string& path, const std::string& text, const char* what) {
-  std::string tmp = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  const auto fail = [&](const std::string& why) {
-    throw IoError(path + ": could not write " + what + " (" + why + ").");
-  };
-  if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
-  std::size_t done = 0;
-  int err = 0;
-  while (done < text.size() && err == 0) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n > 0) done += std::size_t(n);
-    else if (n < 0 && errno != EINTR) err = errno;
-  }
-  if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;  // mkstemp creates 0600
-  if (::close(fd) != 0 && err == 0) err = errno;
-  std::error_code ec;
-  if (err == 0) fs::rename(tmp, path, ec);
-  if (err != 0 || ec) {
-    const std::string why = err != 0 ? std::strerror(err) : "cannot replace the file: " + ec.message();
-    fs::remove(tmp, ec);  // the target was not touched
-    fail(why);
-  }
-}
-
 }  // namespace lockstep::cli

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/atomic_file.h"  // write_file_atomically, for the outputs
+
 namespace lockstep::cli {
 
 struct NamedFile {
@@ -22,10 +24,5 @@ struct NamedFile {
 // output naming one of the run's inputs (the same file by any path: a
 // symlink, a hard link, ./x and x).
 void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<NamedFile>& inputs);
-
-// Writes to a new temporary file beside `path` (a unique name, so no other
-// file is touched) and renames it over `path`: a failed write leaves the
-// old file as it was. Throws IoError naming the file and `what` it holds.
-void write_atomically(const std::string& path, const std::string& text, const char* what);
 
 }  // namespace lockstep::cli

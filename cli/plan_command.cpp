@@ -196,7 +196,7 @@ int run_plan(PlanFlags& f) {
 
   const cost::Profile profile = build_profile(f, measured, device, cost::optimizer_passes(o.optimizer));
   const cost::Plan plan = cost::make_plan(profile, o);
-  if (!f.svg_file.empty()) write_atomically(f.svg_file, cost::plan_svg(plan), "the plot");
+  if (!f.svg_file.empty()) write_file_atomically(f.svg_file, cost::plan_svg(plan), "the plot");
   std::cout << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));
   if (!f.json && !f.svg_file.empty()) std::cout << "plot: " << f.svg_file << "\n";
   return 0;

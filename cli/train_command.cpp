@@ -274,14 +274,14 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     nn::save_weights(f.save_file, result.layout, result.params,
                      {{"format", "pt"}, {"model", result.model_description}});
   }
-  if (!f.report_file.empty()) write_atomically(f.report_file, train::report_json(c, result), "the report");
+  if (!f.report_file.empty()) write_file_atomically(f.report_file, train::report_json(c, result), "the report");
   if (!f.trace_file.empty()) {
     train::write_chrome_trace(f.trace_file, result.timeline, c.replicas);
     if (!f.quiet)
       std::fprintf(stderr, "trace: %s (open it in https://ui.perfetto.dev)\n", f.trace_file.c_str());
   }
   if (!f.profile_file.empty()) {
-    write_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result)), "the profile");
+    write_file_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result)), "the profile");
     if (!f.quiet) std::fprintf(stderr, "profile for lockstep plan --profile: %s\n", f.profile_file.c_str());
   }
   if (!f.svg_file.empty()) {
@@ -291,7 +291,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
       throw InvalidArgument("--timeline-step " + std::to_string(step) + " is past the run's last step (" +
                             std::to_string(result.steps - 1) + ").");
     }
-    write_atomically(f.svg_file, train::render_timeline_svg(result.timeline, c.replicas, step),
+    write_file_atomically(f.svg_file, train::render_timeline_svg(result.timeline, c.replicas, step),
                      "the timeline");
     if (!f.quiet) std::fprintf(stderr, "timeline of step %lld: %s\n", (long long)step, f.svg_file.c_str());
   }

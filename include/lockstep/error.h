@@ -52,3 +52,11 @@ namespace detail {
   do {                                                                                      \
     if (!(cond)) ::lockstep::detail::throw_check_failure(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
+
+// Throws lockstep::InvalidArgument(msg) when `cond` is false: a caller broke
+// an API's contract (a call out of order, an index out of range). The message
+// is built only when the check fails.
+#define LOCKSTEP_REQUIRE(cond, msg)                               \
+  do {                                                            \
+    if (!(cond)) throw ::lockstep::InvalidArgument((msg));        \
+  } while (0)

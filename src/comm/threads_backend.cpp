@@ -213,6 +213,10 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(const ThreadGroupOp
     throw InvalidArgument("ranks per node must be 0 (unknown) or positive, got " +
                           std::to_string(options.ranks_per_node));
   }
+  if (options.timeout <= Duration::zero()) {
+    throw InvalidArgument("a thread group needs a positive timeout, got " + std::to_string(options.timeout.count()) +
+                          " ms; every blocking call would fail at once.");
+  }
   auto hub = std::make_shared<Hub>(options.world_size);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < options.world_size; ++r) {

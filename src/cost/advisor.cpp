@@ -39,11 +39,11 @@ std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow
     case Bound::Stragglers:
       return strf(
           "stragglers: each step waits for the slowest of %d replicas. With compute varying by %.3g (coefficient "
-          "of variation), the slowest computes %.1f%% longer than the mean, %s a step, more than the %s of "
-          "communication exposed.",
+          "of variation), the slowest computes %.1f%% longer than the mean, and the step takes %s longer than "
+          "with equal replicas: more than the %s that communication adds to one replica's step.",
           r.replicas, o.step.compute_cv,
           100 * s.straggler_ms / std::max(1e-12, s.forward_ms + s.backward_ms - s.straggler_ms),
-          ms_text(s.straggler_ms).c_str(), ms_text(s.exposed_comm_ms).c_str());
+          ms_text(r.straggler_loss_ms).c_str(), ms_text(r.comm_loss_ms).c_str());
     case Bound::Latency:
       return strf(
           "latency-bound: %s of the %s all-reduce time is message latency (%s a step, %zu bucket(s)), and "

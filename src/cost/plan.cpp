@@ -30,7 +30,7 @@ Bound classify(const PlanRow& r, const PlanOptions& o) {
   if (!r.fits) return Bound::Memory;
   if (detail::pays(r, o)) return Bound::Fine;
   if (r.statistical_efficiency < r.systems_efficiency) return Bound::Statistical;
-  if (r.step.straggler_ms > 0 && r.step.straggler_ms >= r.step.exposed_comm_ms) return Bound::Stragglers;
+  if (r.straggler_loss_ms > r.comm_loss_ms) return Bound::Stragglers;
   const double window = r.step.backward_ms / double(o.step.accumulate);  // the last micro-step's backward
   if (r.step.comm_ms <= window) return Bound::ExposedTail;
   return r.step.alpha_ms >= r.step.beta_ms ? Bound::Latency : Bound::Bandwidth;
@@ -76,6 +76,14 @@ PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
   PlanRow r{.replicas = replicas, .step = predict_step(profile, so)};
   so.replicas = 1;
   const double one = predict_step(profile, so).step_ms;
+  double even = r.step.step_ms;  // the step if every replica computed for the mean time
+  if (so.compute_cv > 0) {
+    so.replicas = replicas;
+    so.compute_cv = 0;
+    even = predict_step(profile, so).step_ms;
+  }
+  r.straggler_loss_ms = r.step.step_ms - even;
+  r.comm_loss_ms = even - one;
   const double local_batch = double(o.step.micro_batch) * double(o.step.accumulate);
   r.systems_efficiency = one / r.step.step_ms;
   if (o.critical_batch > 0)

@@ -36,7 +36,10 @@ double expected_max_normal(int n) {
   const auto f = [n](double x) {
     const double phi = std::exp(-0.5 * x * x) / std::sqrt(2 * std::numbers::pi);
     const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
-    return cdf <= 0 ? 0.0 : x * n * phi * std::exp((n - 1) * std::log(cdf));
+    // log Phi(x): through log1p of the upper tail where Phi is near 1, so
+    // (n - 1) log Phi keeps its digits for n up to 2^31.
+    const double log_cdf = x > 0 ? std::log1p(-0.5 * std::erfc(x / std::sqrt(2.0))) : std::log(cdf);
+    return cdf <= 0 ? 0.0 : x * n * phi * std::exp((n - 1) * log_cdf);
   };
   double sum = f(kLo) + f(kHi);
   for (int i = 1; i < kSteps; ++i) sum += (i % 2 ? 4 : 2) * f(kLo + i * h);
@@ -131,13 +134,24 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     throw InvalidArgument("bucket sizes must be zero or positive MiB.");
   if (!(o.compute_cv >= 0 && std::isfinite(o.compute_cv)))
     throw InvalidArgument("the compute's coefficient of variation must be zero or positive, e.g. 0.03.");
+  for (const LayerCost& l : profile.layers) {
+    const auto good = [](double v) { return std::isfinite(v) && v >= 0; };
+    if (!good(l.param_bytes) || !good(l.forward_ms) || !good(l.backward_ms))
+      throw InvalidArgument("layer '" + l.name + "' of the profile has a negative or non-finite parameter size " +
+                            "or time; every one must be a number of zero or more.");
+  }
+  if (!(std::isfinite(profile.step_compute_ms) && profile.step_compute_ms >= 0) ||
+      !(std::isfinite(profile.activation_bytes_per_sample) && profile.activation_bytes_per_sample >= 0))
+    throw InvalidArgument("the profile's step compute time and activation bytes must be numbers of zero or more.");
   if (profile.layers.empty() || profile.param_bytes() <= 0 || profile.micro_batch < 1)
     throw InvalidArgument("the model has no parameters, so there is nothing to all-reduce.");
 
   const double f = core_sharing(o.replicas, o.host_cores);
   // The slowest of N: its forward and backward, and so every ready time, stretch by `slowest`.
-  const double slowest =
-      o.compute_cv > 0 ? 1 + o.compute_cv / std::sqrt(double(o.accumulate)) * expected_max_normal(o.replicas) : 1;
+  // c is the variation of one micro-step at the profile's micro-batch; jitter independent over
+  // time averages out as sqrt(work), so K micro-steps of r times the batch vary by c / sqrt(K r).
+  const double work = double(o.accumulate) * double(o.micro_batch) / double(profile.micro_batch);
+  const double slowest = o.compute_cv > 0 ? 1 + o.compute_cv / std::sqrt(work) * expected_max_normal(o.replicas) : 1;
   const double scale = slowest * double(o.micro_batch) / double(profile.micro_batch);
   const std::size_t n = profile.layers.size();
   StepPrediction s;

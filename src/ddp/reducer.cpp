@@ -211,9 +211,10 @@ const std::vector<Bucket>& Reducer::buckets() const {
 
 void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   State& s = *state_;
-  LOCKSTEP_CHECK(global_count > 0 && local_count >= 0 && local_count <= global_count,
-                 "sample counts out of range");
-  LOCKSTEP_CHECK(!s.in_step, "begin_step() inside a step");
+  LOCKSTEP_REQUIRE(global_count > 0 && local_count >= 0 && local_count <= global_count,
+                   "Reducer::begin_step(" + std::to_string(local_count) + ", " + std::to_string(global_count) +
+                       "): the local sample count must be in [0, global count] and the global count positive");
+  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::begin_step() called again before finish_step() ended the step");
   const std::int64_t n = s.comm.size();
   for (std::size_t k = 0; k < s.buckets.size(); ++k) s.countdown[k] = s.buckets[k].tensors.size();
   std::fill(s.announced.begin(), s.announced.end(), 0);
@@ -229,9 +230,12 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
 
 void Reducer::mark_ready(std::size_t tensor) {
   State& s = *state_;
-  LOCKSTEP_CHECK(s.in_step, "mark_ready() outside a step");
-  LOCKSTEP_CHECK(tensor < s.announced.size(), "mark_ready(): no such tensor");
-  LOCKSTEP_CHECK(!s.announced[tensor], "mark_ready(): tensor " + std::to_string(tensor) + " announced twice");
+  LOCKSTEP_REQUIRE(s.in_step, "Reducer::mark_ready() outside a step; call begin_step() first");
+  LOCKSTEP_REQUIRE(tensor < s.announced.size(), "Reducer::mark_ready(" + std::to_string(tensor) +
+                                                    "): there are " + std::to_string(s.announced.size()) +
+                                                    " tensors");
+  LOCKSTEP_REQUIRE(!s.announced[tensor],
+                   "Reducer::mark_ready(" + std::to_string(tensor) + "): the tensor was already marked this step");
   s.announced[tensor] = 1;
   const std::size_t k = s.bucket_of[tensor];
   if (--s.countdown[k] > 0) return;
@@ -245,9 +249,10 @@ void Reducer::mark_ready(std::size_t tensor) {
 
 const StepTiming& Reducer::finish_step() {
   State& s = *state_;
-  LOCKSTEP_CHECK(s.in_step, "finish_step() outside a step");
+  LOCKSTEP_REQUIRE(s.in_step, "Reducer::finish_step() outside a step; call begin_step() first");
   for (std::size_t t = 0; t < s.announced.size(); ++t) {
-    LOCKSTEP_CHECK(s.announced[t], "finish_step(): tensor " + std::to_string(t) + " was never marked ready");
+    LOCKSTEP_REQUIRE(s.announced[t], "Reducer::finish_step(): tensor " + std::to_string(t) +
+                                         " was never marked ready this step; call mark_ready() for every tensor");
   }
   if (!s.options.overlap) {  // every bucket, in order, here and now
     s.timing.wait_start = Clock::now();

@@ -31,10 +31,11 @@ DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
   if (o.micro_batch < 1) {
     throw InvalidArgument("the micro-batch must be at least 1, got " + std::to_string(o.micro_batch));
   }
-  global_batch_ = o.micro_batch * o.world_size;
-  if (global_batch_ > o.dataset_size) {
+  const bool overflows = __builtin_mul_overflow(o.micro_batch, std::int64_t{o.world_size}, &global_batch_);
+  if (overflows || global_batch_ > o.dataset_size) {
     throw InvalidArgument("the global batch (" + std::to_string(o.world_size) + " replicas x " +
-                          std::to_string(o.micro_batch) + " = " + std::to_string(global_batch_) +
+                          std::to_string(o.micro_batch) + " = " +
+                          (overflows ? std::string("more than 2^63") : std::to_string(global_batch_)) +
                           ") is larger than the data set (" + std::to_string(o.dataset_size) +
                           " samples); lower --micro-batch or --replicas.");
   }
@@ -54,8 +55,12 @@ std::vector<std::int64_t> DistributedSampler::epoch_order(std::int64_t epoch) co
 }
 
 Shard DistributedSampler::shard(std::int64_t step, int rank) const {
-  LOCKSTEP_CHECK(step >= 0 && step < steps_per_epoch_, "step outside the epoch");
-  LOCKSTEP_CHECK(rank >= 0 && rank < options_.world_size, "rank outside the group");
+  LOCKSTEP_REQUIRE(step >= 0 && step < steps_per_epoch_,
+                   "DistributedSampler::shard: step " + std::to_string(step) + " is outside the epoch's steps 0.." +
+                       std::to_string(steps_per_epoch_ - 1));
+  LOCKSTEP_REQUIRE(rank >= 0 && rank < options_.world_size,
+                   "DistributedSampler::shard: rank " + std::to_string(rank) + " is outside the group's ranks 0.." +
+                       std::to_string(options_.world_size - 1));
   const std::int64_t start = step * global_batch_;
   const std::int64_t count = std::min(global_batch_, options_.dataset_size - start);
   const std::int64_t n = options_.world_size;

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "lockstep/atomic_file.h"
 #include "lockstep/error.h"
 
 namespace lockstep::nn {
@@ -108,16 +109,6 @@ std::string build_header(std::span<const TensorRef> tensors,
   h += "}";
   while ((8 + h.size()) % 8 != 0) h += ' ';
   return h;
-}
-
-void write_all(const fs::path& path, int fd, const void* data, std::size_t size) {
-  for (const char* p = static_cast<const char*>(data); size > 0;) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(path, "writing the temporary file failed (" + errno_text(n < 0 ? errno : EIO) + ").");
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
 }
 
 // Reads exactly `size` bytes at `offset`; `what` names them if the file ends first.
@@ -302,24 +293,10 @@ void save_safetensors(const fs::path& path, std::span<const TensorRef> tensors,
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header.size() >> (8 * i));
 
-  const std::size_t thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
-  fs::path tmp = path;
-  tmp += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(thread);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.fd < 0) fail(path, "cannot create a temporary file beside it (" + errno_text(errno) + ").");
-  try {
-    write_all(path, fd.fd, length, sizeof(length));
-    write_all(path, fd.fd, header.data(), header.size());
-    for (const TensorRef& t : tensors) write_all(path, fd.fd, t.data.data(), t.data.size_bytes());
-    if (::fsync(fd.fd) != 0 || fd.close() != 0)
-      fail(path, "flushing the temporary file failed (" + errno_text(errno) + ").");
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) fail(path, "cannot replace it with the temporary file (" + ec.message() + ").");
-  } catch (...) {
-    ::unlink(tmp.c_str());  // the target was not touched
-    throw;
-  }
+  std::vector<std::span<const std::byte>> pieces = {std::as_bytes(std::span(length)),
+                                                     std::as_bytes(std::span(header))};
+  for (const TensorRef& t : tensors) pieces.push_back(std::as_bytes(t.data));
+  write_file_atomically(path, pieces, "the weights");
 }
 
 SafetensorsFile load_safetensors(const fs::path& path) {

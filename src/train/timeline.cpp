@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/atomic_file.h"
 #include "lockstep/error.h"
 
 namespace lockstep::train {
@@ -43,35 +44,6 @@ void check_events(const char* caller, std::span<const TimelineEvent> events, int
 // Chrome thread id: rows sort as replica 0 compute, replica 0 comm, replica 1 ...
 int thread_id(int replica, Track track) {
   return 2 * replica + (track == Track::Comm ? 1 : 0);
-}
-
-[[noreturn]] void write_failed(const fs::path& path, const std::string& why) {
-  throw IoError("cannot write the Chrome trace to " + path.string() + ": " + why + ".");
-}
-
-// Writes beside `path` and renames over it, so a reader never sees half a
-// file and a failed write leaves the old one intact.
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp-" + std::to_string(::getpid()) + "-" +
-         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out)
-    write_failed(path,
-                 "cannot create a temporary file beside it (" + std::generic_category().message(errno) + ")");
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  std::error_code ec;
-  if (!out) {
-    fs::remove(tmp, ec);
-    write_failed(path, "writing the temporary file failed");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    write_failed(path, "cannot replace it with the temporary file (" + why + ")");
-  }
 }
 
 // ---- SVG ----
@@ -211,7 +183,7 @@ void write_chrome_trace(const fs::path& path, std::span<const TimelineEvent> eve
     text += i + 1 < trace.size() ? ",\n" : "\n";
   }
   text += "]}\n";
-  write_file_atomically(path, text);
+  write_file_atomically(path, text, "the Chrome trace");
 }
 
 std::string render_timeline_svg(std::span<const TimelineEvent> events, int replicas, std::int64_t step) {

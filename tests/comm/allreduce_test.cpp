@@ -136,14 +136,18 @@ TEST(Failure, MissingPeerTimesOutAndLaterCallsFailAtOnce) {
 }
 
 TEST(Failure, SizeMismatchAbortsTheGroup) {
-  for (auto algorithm : {Algorithm::Naive, Algorithm::Ring}) {
-    auto errors = run_ranks(2, [&](Communicator& comm) {
-      // verify = false: the transport's own size check, not the fingerprint, must catch it.
-      std::vector<float> data(comm.rank() == 0 ? 10 : 11, 1.0f);
-      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm, .verify = false});
-    });
-    EXPECT_TRUE(errors[0]) << to_string(algorithm);
-    EXPECT_TRUE(errors[1]) << to_string(algorithm);
+  // Shared memory at both of its paths: staged (up to 16 KiB) and in place,
+  // where each rank writes into the others' buffers (ASan sees an overrun).
+  for (auto algorithm : {Algorithm::Naive, Algorithm::Ring, Algorithm::SharedMemory}) {
+    for (std::size_t count : {std::size_t{10}, std::size_t{20000}}) {
+      auto errors = run_ranks(2, [&](Communicator& comm) {
+        // verify = false: the transport's own size check, not the fingerprint, must catch it.
+        std::vector<float> data(comm.rank() == 0 ? count : count + count / 2, 1.0f);
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = algorithm, .verify = false});
+      });
+      EXPECT_TRUE(errors[0]) << to_string(algorithm) << " " << count;
+      EXPECT_TRUE(errors[1]) << to_string(algorithm) << " " << count;
+    }
   }
 }
 

@@ -98,5 +98,15 @@ std::vector<FailureCase> all_cases() {
 INSTANTIATE_TEST_SUITE_P(Grid, FailureInEveryPhase, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return name(info.param); });
 
+// A group whose every blocking call would time out at once is refused when
+// it is made, as is a size no group can have.
+TEST(ThreadGroup, ImpossibleOptionsAreRefused) {
+  EXPECT_THROW(make_thread_group({.world_size = 2, .timeout = Duration::zero()}), InvalidArgument);
+  EXPECT_THROW(make_thread_group({.world_size = 2, .timeout = Duration(-5)}), InvalidArgument);
+  EXPECT_THROW(make_thread_group({.world_size = 0}), InvalidArgument);
+  EXPECT_THROW(make_thread_group({.world_size = 1025}), InvalidArgument);
+  EXPECT_EQ(make_thread_group({.world_size = 2, .timeout = Duration(1)}).size(), 2u);
+}
+
 }  // namespace
 }  // namespace lockstep::comm

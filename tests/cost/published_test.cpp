@@ -7,6 +7,8 @@
 
 #include <iostream>
 
+#include "lockstep/error.h"
+
 namespace lockstep::cost {
 namespace {
 
@@ -35,6 +37,42 @@ TEST(Published, StragglersFittedToTheOthersPredictTheHeldOutCase) {
     with += (c.predicted_stragglers - c.published) * (c.predicted_stragglers - c.published);
   }
   EXPECT_LT(with, without / 2);
+}
+
+// The fit is honest only if the held-out case cannot move it: changing its
+// published value leaves the fitted c where it was, while changing any other
+// case's can move it.
+TEST(Published, TheHeldOutCaseDoesNotMoveItsOwnFit) {
+  // Three cases whose curves fall linearly with k at different rates, and
+  // published values each case would fit at another k.
+  std::vector<std::vector<double>> curves(3, std::vector<double>(50));
+  for (std::size_t k = 0; k < 50; ++k) {
+    curves[0][k] = 1 - 0.002 * double(k);
+    curves[1][k] = 1 - 0.004 * double(k);
+    curves[2][k] = 1 - 0.008 * double(k);
+  }
+  std::vector<double> published = {0.96, 0.92, 0.84};  // each fits k = 20
+  const auto only = [](std::size_t i) {
+    std::vector<bool> held(3, false);
+    held[i] = true;
+    return held;
+  };
+  for (std::size_t held = 0; held < 3; ++held) {
+    EXPECT_EQ(fit_leaving_out(curves, published, only(held)), 20u) << held;
+    for (double moved : {0.0, 0.5, 1.0, 2.0}) {
+      auto changed = published;
+      changed[held] = moved;
+      EXPECT_EQ(fit_leaving_out(curves, changed, only(held)), 20u) << "held-out " << held << " at " << moved;
+      changed[(held + 1) % 3] = moved;  // two held out: the third alone still fits k = 20
+      std::vector<bool> two(3, true);
+      two[(held + 2) % 3] = false;
+      EXPECT_EQ(fit_leaving_out(curves, changed, two), 20u) << "kept " << (held + 2) % 3 << " at " << moved;
+    }
+  }
+  auto other = published;
+  other[1] = 0.80;  // case 1 alone would fit k = 50: with case 2, the fit moves above 20
+  EXPECT_GT(fit_leaving_out(curves, other, only(0)), 20u);
+  EXPECT_THROW(fit_leaving_out(curves, published, {true, false}), InvalidArgument);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <cmath>
 #include <numbers>
 
@@ -401,8 +403,25 @@ TEST(StepCost, MoreReplicasWaitLongerForTheSlowest) {
     const StepPrediction s = predict_step(p, {.replicas = n, .compute_cv = 0.05});
     EXPECT_GT(s.straggler_ms, last) << n;
     EXPECT_LE(s.step_ms, predict_step(p, {.replicas = n, .compute_cv = 0.1}).step_ms) << n;
+    // The closed form: forward and backward stretched by 1 + c e_N, and the
+    // wait is what that adds.
+    const double slowest = 1 + 0.05 * expected_max_normal(n);
+    EXPECT_NEAR(s.straggler_ms, (s.forward_ms + s.backward_ms) * (1 - 1 / slowest), 1e-9) << n;
+    EXPECT_NEAR(s.forward_ms, slowest * predict_step(p, {.replicas = n}).forward_ms, 1e-9) << n;
     last = s.straggler_ms;
   }
+}
+
+// Jitter averages over the step's work however it grows: 4 accumulated
+// micro-steps of 32 and one micro-step of 128 both vary by c / 2, so they
+// wait for the slowest of 16 alike, a quarter of the work apart.
+TEST(StepCost, BiggerMicroBatchesAndAccumulationAverageJitterAlike) {
+  const Profile p = mlp_on_cpu(32);
+  const StepPrediction k4 = predict_step(p, {.replicas = 16, .micro_batch = 32, .accumulate = 4, .compute_cv = 0.1});
+  const StepPrediction b128 = predict_step(p, {.replicas = 16, .micro_batch = 128, .compute_cv = 0.1});
+  const double slowest = 1 + 0.05 * expected_max_normal(16);
+  EXPECT_NEAR(k4.straggler_ms / (k4.forward_ms + k4.backward_ms), 1 - 1 / slowest, 1e-12);
+  EXPECT_NEAR(b128.straggler_ms / (b128.forward_ms + b128.backward_ms), 1 - 1 / slowest, 1e-12);
 }
 
 TEST(StepCost, BadOptionsAreRejected) {
@@ -418,6 +437,18 @@ TEST(StepCost, BadOptionsAreRejected) {
   EXPECT_THROW(predict_step(p, {.compute_cv = -0.01}), InvalidArgument);
   EXPECT_THROW(predict_step(p, {.compute_cv = NAN}), InvalidArgument);
   EXPECT_THROW(predict_step(Profile{}, {}), InvalidArgument);
+  // A profile built by hand is checked too: every size and time a number of zero or more.
+  for (auto spoil : std::vector<std::function<void(Profile&)>>{
+           [](Profile& q) { q.layers[0].param_bytes = -4; },
+           [](Profile& q) { q.layers[0].param_bytes = NAN; },
+           [](Profile& q) { q.layers[1].forward_ms = -1; },
+           [](Profile& q) { q.layers[1].backward_ms = INFINITY; },
+           [](Profile& q) { q.step_compute_ms = NAN; },
+           [](Profile& q) { q.activation_bytes_per_sample = -1; }}) {
+    Profile q = p;
+    spoil(q);
+    EXPECT_THROW(predict_step(q, {}), InvalidArgument);
+  }
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ struct AllreduceOptions {
   Algorithm algorithm = Algorithm::Auto;
   // Check the call's fingerprint against every rank's (docs/algorithms.md
   // gives its cost). false exists to measure that cost: mismatched calls then
-  // go undetected until a timeout, or worse.
+  // go undetected until a timeout or give wrong results (the shared-memory
+  // path still compares element counts, since it reads other ranks' buffers).
   bool verify = true;
   // The ring sends each chunk in segments of at most this many bytes, so that
   // one is on the wire while the one before it is reduced; 0 is the default,

@@ -33,6 +33,12 @@ using Duration = std::chrono::milliseconds;
 // A handle to one asynchronous transfer.
 class Work {
  public:
+  // Destroying a Work that has not completed gives up the transfer, so its
+  // buffer may be freed; never throws. What the peer sees depends on the
+  // backend: the threads backend withdraws it (a copy already under way
+  // finishes first) without telling the peer, whose matching call then
+  // times out; Gloo aborts the group; MPI releases the request. Call wait()
+  // unless an error is already unwinding the step.
   virtual ~Work() = default;
   // Blocks until the transfer has completed. Throws TimeoutError after
   // `timeout` (and aborts the group), CommAborted if the group was aborted.
@@ -96,6 +102,13 @@ class Communicator {
   // Starts sending `data` to `peer` under `tag`. `data` must stay valid until
   // the returned Work completes. Messages between one pair with one tag are
   // matched in order.
+  //
+  // Tags are one space shared with the collectives, which use (sequence << 16
+  // | round) and, with the top bit set, library channels; the MPI backend
+  // also folds tags into MPI's narrower range (mpi_tags.h). So a program's
+  // own messages must not be in flight while a collective runs on the same
+  // communicator (complete them first, or give them a communicator of their
+  // own); between collectives any tag below 2^63 is free.
   virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
   // Starts receiving exactly `data.size()` bytes from `peer` under `tag`.
   // A size mismatch with the matching send aborts the group.

@@ -47,6 +47,10 @@ struct PlanRow {
   Memory memory;
   bool fits = true;
   Bound bound = Bound::Fine;
+  // What the step loses against one replica, split in two: waiting for the
+  // slowest replica (this step - the same step with compute_cv 0) and
+  // communication (the step with compute_cv 0 - one replica's step).
+  double straggler_loss_ms = 0, comm_loss_ms = 0;
 };
 
 // One way to run (or not run) the target replica count.

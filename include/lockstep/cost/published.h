@@ -21,10 +21,20 @@ struct PublishedCase {
   // from the paper.
   double straggler_cv = 0;          // c fitted without this case
   double predicted_stragglers = 0;  // own schedule, with that c
+  // The same with c fitted without any case of this system (all six Horovod
+  // rows out at once, say): no case from the same paper helps fit it.
+  double straggler_cv_system_out = 0;
+  double predicted_stragglers_system_out = 0;
   std::string note;                 // when off by more than 5 points: which term is wrong
 };
 
 std::vector<PublishedCase> published_cases();
+
+// Leave out: the grid index k at which curves[j][k] (case j's efficiency at
+// the k-th value of c) fits published[j] best, least squares over every case
+// j with held_out[j] false. published[j] of a held-out case is never read.
+std::size_t fit_leaving_out(const std::vector<std::vector<double>>& curves, const std::vector<double>& published,
+                            const std::vector<bool>& held_out);
 std::string published_table(const std::vector<PublishedCase>& cases);
 
 }  // namespace lockstep::cost

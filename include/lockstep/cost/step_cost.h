@@ -66,7 +66,9 @@ struct StepOptions {
   double reduce_bytes_per_s = 0;  // gamma; 0 = free
   int host_cores = 0;             // the replicas share this many cores; 0 = a device each
   double host_latency_s = 0;      // software cost per message hand-off, per round
-  double compute_cv = 0;          // stragglers: coefficient of variation of one replica's compute per step
+  // Stragglers: coefficient of variation of one replica's compute in one micro-step at the
+  // profile's micro-batch; a step of K micro-steps of r times that batch varies by c / sqrt(K r).
+  double compute_cv = 0;
 };
 
 // E[max of n independent standard normals]: 0 for n = 1, 1/sqrt(pi) for 2,

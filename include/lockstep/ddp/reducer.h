@@ -16,7 +16,18 @@
 //   finish_step()                 waits for what is still in flight
 // On return every replica holds the mean gradient over all `global` samples
 // (the contract of ddp::average_gradients, which is the reducer's naive
-// sibling: one all-reduce after backward).
+// sibling: one all-reduce after backward). `global` must be the same on every
+// replica (the sum of the `local` counts); nothing checks it across ranks.
+//
+// Gradient accumulation (K micro-steps, one all-reduce): call begin_step once
+// with the counts of all K micro-batches, run the K forward and backward
+// passes adding into the gradient span, call mark_ready only during the last
+// backward, then finish_step; the buckets carry the sum of the K gradients
+// (the trainer's loop in src/train/replica.cpp does this). Marking a tensor
+// in an earlier micro-step would launch its bucket before the rest is added.
+//
+// Misuse (a call out of order, a tensor index out of range or marked twice,
+// counts out of range) throws InvalidArgument.
 //
 // Threading: the owning thread calls every method. The communication thread
 // (options.overlap)
