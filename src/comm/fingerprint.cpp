@@ -24,12 +24,14 @@ std::string describe(const Fingerprint& fp) {
   if (fp.kind == CollectiveKind::Allreduce || fp.kind == CollectiveKind::ReduceScatter) {
     s += std::string(to_string(fp.op)) + ", ";
   }
-  s += fp.dtype == DataType::Float32    ? "float32, "
-       : fp.dtype == DataType::BFloat16 ? "bfloat16, "
-                                        : "bytes, ";
-  s += std::to_string(fp.count) + " elements";
-  if (fp.root >= 0) s += ", root " + std::to_string(fp.root);
-  s += ", seq " + std::to_string(fp.sequence);
+  if (fp.kind != CollectiveKind::Barrier) {  // a barrier carries no data
+    const char* type = fp.dtype == DataType::Float32 ? "float32" : fp.dtype == DataType::BFloat16 ? "bfloat16" : nullptr;
+    const char* unit = type == nullptr ? " byte" : " element";
+    s += (type != nullptr ? std::string(type) + ", " : std::string()) + std::to_string(fp.count) + unit +
+         (fp.count == 1 ? "" : "s") + ", ";
+  }
+  if (fp.root >= 0) s += "root " + std::to_string(fp.root) + ", ";
+  s += "seq " + std::to_string(fp.sequence);
   if (fp.algorithm != 0) s += std::string(", ") + to_string(static_cast<Algorithm>(fp.algorithm));
   if (fp.segment_bytes != 0 && fp.segment_bytes != detail::kRingSegmentBytes) {
     s += " in segments of " + std::to_string(fp.segment_bytes) + " bytes";

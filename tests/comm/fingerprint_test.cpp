@@ -124,7 +124,11 @@ TEST(Fingerprint, DescribeNamesEveryField) {
                        static_cast<std::uint32_t>(Algorithm::Ring)};
   EXPECT_EQ(describe(fp), "allreduce(mean, float32, 1000 elements, seq 12, ring)");
   const Fingerprint b{3, CollectiveKind::Broadcast, ReduceOp::Sum, DataType::Bytes, 64, 2};
-  EXPECT_EQ(describe(b), "broadcast(bytes, 64 elements, root 2, seq 3)");
+  EXPECT_EQ(describe(b), "broadcast(64 bytes, root 2, seq 3)");
+  const Fingerprint one{4, CollectiveKind::Allreduce, ReduceOp::Max, DataType::Float32, 1};
+  EXPECT_EQ(describe(one), "allreduce(max, float32, 1 element, seq 4)");
+  const Fingerprint barrier{5, CollectiveKind::Barrier, ReduceOp::Sum, DataType::Float32, 1};
+  EXPECT_EQ(describe(barrier), "barrier(seq 5)");
 }
 
 }  // namespace

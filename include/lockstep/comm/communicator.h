@@ -12,7 +12,9 @@
 // Errors: every blocking call has a timeout. A timeout, or abort() on any rank,
 // aborts the whole group: every rank blocked in wait() is woken and gets
 // CommAborted (or TimeoutError on the rank that timed out), and every later
-// call fails at once.
+// call fails at once. Ranks whose timeouts run out at about the same moment
+// (a rank that never came, with every other rank waiting the same timeout)
+// may each get TimeoutError rather than CommAborted; both name the call.
 #pragma once
 
 #include <atomic>

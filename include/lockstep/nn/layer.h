@@ -59,13 +59,13 @@ class Layer {
 
   virtual std::vector<ParamDecl> params() const { return {}; }
   // One pointer per declared parameter, in declaration order.
-  virtual void bind(std::span<float* const> params, std::span<float* const> grads) {}
+  virtual void bind(std::span<float* const> /*params*/, std::span<float* const> /*grads*/) {}
   virtual std::vector<ParamDecl> buffers() const { return {}; }
   // One pointer per declared buffer, in declaration order.
-  virtual void bind_buffers(std::span<float* const> buffers) {}
+  virtual void bind_buffers(std::span<float* const> /*buffers*/) {}
   // Fills the bound parameters, drawing from `rng` in a fixed order, and
   // resets the bound buffers.
-  virtual void init(std::mt19937_64& rng) {}
+  virtual void init(std::mt19937_64& /*rng*/) {}
   // Training mode (the default) or evaluation mode, as PyTorch's
   // Module.train(): BatchNorm uses batch statistics and updates its running
   // statistics, Dropout drops. Evaluation is deterministic and leaves buffers.
