@@ -6,12 +6,27 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <system_error>
 
 #include "lockstep/error.h"
 
 namespace lockstep {
+namespace {
+
+// The umask, read without changing it (umask() sets it, for every thread):
+// from /proc/self/status (Linux 4.7 and later), else the usual 022.
+mode_t current_umask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  }
+  return 022;
+}
+
+}  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
                            std::string_view what) {
@@ -31,7 +46,7 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
       else if (errno != EINTR) err = errno;
     }
   }
-  if (err == 0 && ::fchmod(fd, 0644) != 0) err = errno;  // mkstemp creates 0600
+  if (err == 0 && ::fchmod(fd, 0666 & ~current_umask()) != 0) err = errno;  // mkstemp creates 0600
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   std::error_code ec;

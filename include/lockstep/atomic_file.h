@@ -1,5 +1,6 @@
-// Writing a file so that nothing the user had is lost: every output of the
-// library and the CLI (weights, reports, traces, plots) goes through here.
+// Writing a file so that nothing the user had is lost: the weights, reports,
+// traces, profiles and plots of the library and the CLI go through here.
+// (data::write_idx, which writes test fixtures, does not.)
 #pragma once
 
 #include <cstddef>
@@ -10,7 +11,8 @@
 namespace lockstep {
 
 // Writes `pieces`, in order, to a new temporary file beside `path` (mkstemp:
-// a unique name, so no other file is touched), mode 0644, flushes it to disk
+// a unique name, so no other file is touched), with the mode a new file gets
+// (0666 less the process's umask), flushes it to disk
 // and renames it over `path`. A reader never sees half a file, and a failed
 // write leaves the old file as it was and no temporary behind. Throws IoError
 // "PATH: could not write WHAT (why)."

@@ -30,7 +30,7 @@ Bound classify(const PlanRow& r, const PlanOptions& o) {
   if (!r.fits) return Bound::Memory;
   if (detail::pays(r, o)) return Bound::Fine;
   if (r.statistical_efficiency < r.systems_efficiency) return Bound::Statistical;
-  if (r.straggler_loss_ms > r.comm_loss_ms) return Bound::Stragglers;
+  if (o.step.compute_cv > 0 && r.straggler_loss_ms > r.comm_loss_ms) return Bound::Stragglers;
   const double window = r.step.backward_ms / double(o.step.accumulate);  // the last micro-step's backward
   if (r.step.comm_ms <= window) return Bound::ExposedTail;
   return r.step.alpha_ms >= r.step.beta_ms ? Bound::Latency : Bound::Bandwidth;

@@ -3,6 +3,7 @@
 // GPU's throughput) or is a well-known hardware figure; each is stated in
 // docs/cost-model.md. Compute per step is the paper's own single-device time,
 // so the comparison tests the communication and overlap terms.
+#include <algorithm>
 #include <cmath>
 
 #include "format.h"
@@ -162,6 +163,11 @@ std::size_t fit_leaving_out(const std::vector<std::vector<double>>& curves, cons
                             const std::vector<bool>& held_out) {
   if (curves.empty() || curves.size() != published.size() || held_out.size() != curves.size())
     throw InvalidArgument("fit_leaving_out: one curve and one held-out flag per published value");
+  for (const auto& curve : curves)
+    if (curve.size() != curves[0].size() || curve.empty())
+      throw InvalidArgument("fit_leaving_out: every curve must have the same, non-zero number of points");
+  if (std::find(held_out.begin(), held_out.end(), false) == held_out.end())
+    throw InvalidArgument("fit_leaving_out: every case is held out, so nothing is left to fit");
   std::size_t best = 0;
   double best_error = INFINITY;
   for (std::size_t k = 0; k < curves[0].size(); ++k) {

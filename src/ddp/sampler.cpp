@@ -35,7 +35,7 @@ DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
   if (overflows || global_batch_ > o.dataset_size) {
     throw InvalidArgument("the global batch (" + std::to_string(o.world_size) + " replicas x " +
                           std::to_string(o.micro_batch) + " = " +
-                          (overflows ? std::string("more than 2^63") : std::to_string(global_batch_)) +
+                          (overflows ? std::string("2^63 or more") : std::to_string(global_batch_)) +
                           ") is larger than the data set (" + std::to_string(o.dataset_size) +
                           " samples); lower --micro-batch or --replicas.");
   }

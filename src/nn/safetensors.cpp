@@ -44,9 +44,13 @@ std::string show(const std::string& name) {
 }
 
 std::string list_text(const std::vector<std::uint64_t>& v) {
-  std::string s;
-  for (std::uint64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return "[" + s + "]";
+  std::string s = "[";  // appended, not "[" + s: GCC 12 warns (-Wrestrict) on that falsely
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(v[i]);
+  }
+  s += ']';
+  return s;
 }
 
 // The product of non-negative dims (0 if any is 0), or nullopt if it overflows.

@@ -1,5 +1,6 @@
 #include "lockstep/train/report.h"
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -40,14 +41,21 @@ std::string plural(std::int64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+// "2 epochs", "1.50 epochs", "1 epoch": whole numbers as such, else two
+// decimals; the plural follows what is printed (0.9995 is "1.00 epoch").
+std::string epochs_text(double epochs) {
+  char number[32];
+  std::snprintf(number, sizeof number, epochs == std::floor(epochs) ? "%.0f" : "%.2f", epochs);
+  const std::string n = number;
+  return n + (n == "1" || n == "1.00" ? " epoch" : " epochs");
+}
+
 }  // namespace
 
 std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   char line[512];
   std::string s;
-  char epochs[64];
-  std::snprintf(epochs, sizeof epochs, "%.3g epoch%s", r.epochs, r.epochs == 1 ? "" : "s");
-  const std::string steps = plural(r.steps, "step") + " (" + epochs + ")";
+  const std::string steps = plural(r.steps, "step") + " (" + epochs_text(r.epochs) + ")";
   if (r.accumulate > 1) {
     std::snprintf(line, sizeof line,
                   "lockstep: %s x %lld x %lld accumulated micro-steps = effective batch %lld, %s\n",
@@ -85,11 +93,12 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   } else {
     std::snprintf(sizes, sizeof sizes, "first %.3g MiB, then %.3g MiB", c.first_bucket_mb, c.bucket_mb);
   }
-  const char* when = r.overlapped          ? "during backward"
-                     : c.bucket_mb == 0    ? "after backward"
-                     : c.overlap == Overlap::Off ? "after backward (--overlap off)"
-                                                 : "after backward (the in-process shared-memory all-reduce "
-                                                   "runs on the cores that compute; --overlap on forces a thread)";
+  const char* when = r.overlapped                 ? "during backward"
+                     : c.bucket_mb == 0           ? "after backward"
+                     : c.overlap == Overlap::Off  ? "after backward (--overlap off)"
+                                                  : "after backward (--overlap auto is off for in-process "
+                                                    "replicas, whose all-reduce runs on the cores that compute; "
+                                                    "--overlap on forces a thread)";
   std::snprintf(
       line, sizeof line, "  buckets      %zu (%s), all-reduced %s%s%s%s\n", r.buckets.size(), sizes, when,
       c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",

@@ -28,15 +28,22 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.model != "mlp" && c.model != "cnn") {
     throw InvalidArgument("unknown --model '" + c.model + "'; the choices are: mlp, cnn");
   }
-  const std::vector<std::int64_t> image28{28, 28};
-  if (c.model == "cnn" && (data.train.features != 28 * 28 || (!data.train.shape.empty() &&
-                                                              (data.train.shape != image28 ||
-                                                               data.test.shape != image28)))) {
-    throw InvalidArgument("--model cnn takes 28x28 single-channel images; this data set has " +
-                          std::to_string(data.train.features) + " values per sample" +
-                          (data.train.shape.size() > 1 ? " (" + std::to_string(data.train.shape[0]) + "x" +
-                                                             std::to_string(data.train.shape[1]) + ")"
-                                                       : std::string()));
+  if (c.model == "cnn") {
+    // 28x28, or 1x28x28 (one channel); a shape left empty (a set built in code) is not checked.
+    const auto is_28x28 = [](std::vector<std::int64_t> shape) {
+      while (shape.size() > 2 && shape.front() == 1) shape.erase(shape.begin());
+      return shape.empty() || shape == std::vector<std::int64_t>{28, 28};
+    };
+    if (data.train.features != 28 * 28 || !is_28x28(data.train.shape) || !is_28x28(data.test.shape)) {
+      std::string shape;
+      for (std::size_t i = 0; i < data.train.shape.size(); ++i) {
+        if (i > 0) shape += 'x';
+        shape += std::to_string(data.train.shape[i]);
+      }
+      throw InvalidArgument("--model cnn takes 28x28 single-channel images; this data set has " +
+                            std::to_string(data.train.features) + " values per sample" +
+                            (shape.empty() ? std::string() : " (" + shape + ")") + ".");
+    }
   }
   if (c.optimizer != "sgd" && c.optimizer != "adamw") {
     throw InvalidArgument("unknown --optimizer '" + c.optimizer + "'; the choices are: sgd, adamw");

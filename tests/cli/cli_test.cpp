@@ -323,7 +323,7 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_EQ(j["global_batch"], 16);
   EXPECT_EQ(j["steps"], 6);
   EXPECT_EQ(j["epochs"], 1);  // completed: 64 samples are 4 steps of 16
-  EXPECT_NE(r.output.find("6 steps (1.5 epochs)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("6 steps (1.50 epochs)"), std::string::npos) << r.output;
   for (const char* k : {"final_loss", "test_accuracy", "samples_per_s", "mfu"})
     EXPECT_TRUE(j.contains(k)) << k;
   const std::uint64_t p = (16 * 8 + 8 + 8 * 3 + 3) * 4;  // MLP 16-8-3 in bytes

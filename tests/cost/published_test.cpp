@@ -39,6 +39,29 @@ TEST(Published, StragglersFittedToTheOthersPredictTheHeldOutCase) {
   EXPECT_LT(with, without / 2);
 }
 
+// Leaving a whole system out: a system with one case (Goyal, DDP) is fitted
+// as when that case alone is left out; the six Horovod rows leave together,
+// so one c serves them all, fitted to the other two systems only.
+TEST(Published, LeavingTheSystemOutFitsWithoutAnyCaseOfIt) {
+  const auto cases = published_cases();
+  const auto horovod = [](const PublishedCase& c) { return c.name.starts_with("Horovod"); };
+  double horovod_cv = -1;
+  int horovod_rows = 0;
+  for (const PublishedCase& c : cases) {
+    if (!horovod(c)) {
+      EXPECT_EQ(c.straggler_cv_system_out, c.straggler_cv) << c.name;
+      EXPECT_EQ(c.predicted_stragglers_system_out, c.predicted_stragglers) << c.name;
+      continue;
+    }
+    ++horovod_rows;
+    if (horovod_cv < 0) horovod_cv = c.straggler_cv_system_out;
+    EXPECT_EQ(c.straggler_cv_system_out, horovod_cv) << c.name;
+    EXPECT_LE(c.predicted_stragglers_system_out, c.predicted + 1e-12) << c.name;
+  }
+  EXPECT_EQ(horovod_rows, 6);
+  EXPECT_GT(horovod_cv, 0);
+}
+
 // The fit is honest only if the held-out case cannot move it: changing its
 // published value leaves the fitted c where it was, while changing any other
 // case's can move it.
@@ -70,9 +93,13 @@ TEST(Published, TheHeldOutCaseDoesNotMoveItsOwnFit) {
     }
   }
   auto other = published;
-  other[1] = 0.80;  // case 1 alone would fit k = 50: with case 2, the fit moves above 20
+  other[1] = 0.80;  // case 1 alone would fit k = 50, past the grid: with case 2, the fit moves above 20
   EXPECT_GT(fit_leaving_out(curves, other, only(0)), 20u);
   EXPECT_THROW(fit_leaving_out(curves, published, {true, false}), InvalidArgument);
+  EXPECT_THROW(fit_leaving_out(curves, published, {true, true, true}), InvalidArgument);  // nothing to fit
+  auto ragged = curves;
+  ragged[2].pop_back();
+  EXPECT_THROW(fit_leaving_out(ragged, published, only(0)), InvalidArgument);
 }
 
 }  // namespace

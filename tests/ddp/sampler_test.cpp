@@ -186,7 +186,7 @@ TEST(Sampler, InvalidOptionsThrowWithTheNumbers) {
   EXPECT_NO_THROW(DistributedSampler({.dataset_size = 128, .world_size = 4, .micro_batch = 32}));
   // A product past 2^63 is refused, not wrapped around to a small batch.
   expect_invalid({.dataset_size = std::int64_t{1} << 62, .world_size = 8, .micro_batch = std::int64_t{1} << 62},
-                 {"more than 2^63"});
+                 {"2^63 or more"});
 }
 
 }  // namespace

@@ -3,16 +3,23 @@
 # examples/custom_loop.cpp as a separate CMake project that only knows that
 # prefix (find_package(lockstep)), and runs it: 2 replicas, 30 steps, the
 # example's own checks (identical replicas, loss down).
-# Usage: consumer_test.sh BUILD_DIR SOURCE_DIR WORK_DIR
+# Then a second program, tests/install/backends.cpp, links the process-group
+# factory and checks the package has the backends this build has.
+# Usage: consumer_test.sh BUILD_DIR SOURCE_DIR WORK_DIR HAVE_GLOO HAVE_MPI
 set -euo pipefail
-build="$1" source="$2" work="$3"
+build="$1" source="$2" work="$3" gloo="$4" mpi="$5"
 rm -rf "$work"
 mkdir -p "$work"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
-# Nothing of the source tree may leak into the package.
-if grep -rq -- "$source/include\|$source/src" "$work/prefix/lib/cmake/lockstep"; then
+# Nothing of the source tree may leak into the package (lib/ or lib64/).
+package="$(find "$work/prefix" -type d -path '*/cmake/lockstep' | head -n 1)"
+if [ -z "$package" ]; then
+  echo "no cmake/lockstep package under $work/prefix" >&2
+  exit 1
+fi
+if grep -rq -- "$source/include\|$source/src" "$package"; then
   echo "the installed package refers to the source tree:" >&2
-  grep -rn -- "$source" "$work/prefix/lib/cmake/lockstep" >&2
+  grep -rn -- "$source" "$package" >&2
   exit 1
 fi
 cmake -S "$source/tests/install" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -20,3 +27,4 @@ cmake -S "$source/tests/install" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE
   > "$work/configure.log"
 cmake --build "$work/consumer" > "$work/build.log"
 "$work/consumer/custom_loop" --replicas 2 --steps 30
+"$work/consumer/backends" "gloo=$gloo" "mpi=$mpi"

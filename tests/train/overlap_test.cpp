@@ -243,6 +243,19 @@ TEST(Cnn, ReplicasStayIdenticalAndTheLossFalls) {
   auto bad = config(2, 8);
   bad.model = "cnn";
   EXPECT_THROW(train(bad, synthetic_data(256)), InvalidArgument);  // 48 features are not 28x28
+  // 784 values in another shape are not 28x28 images either; one channel of 28x28 is.
+  auto wide = synthetic_data(256, 28 * 28);
+  wide.train.shape = wide.test.shape = {14, 56};
+  bad.steps = 1;
+  try {
+    train(bad, wide);
+    ADD_FAILURE() << "a 14x56 data set trained a 28x28 CNN";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("784 values per sample (14x56)"), std::string::npos) << e.what();
+  }
+  auto channel = synthetic_data(256, 28 * 28);
+  channel.train.shape = channel.test.shape = {1, 28, 28};
+  EXPECT_NO_THROW(train(bad, channel));
 }
 
 }  // namespace

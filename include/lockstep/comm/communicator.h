@@ -110,7 +110,10 @@ class Communicator {
   // also folds tags into MPI's narrower range (mpi_tags.h). So a program's
   // own messages must not be in flight while a collective runs on the same
   // communicator (complete them first, or give them a communicator of their
-  // own); between collectives any tag below 2^63 is free.
+  // own). Between collectives any tag below 2^63 is free, with one rule for
+  // the MPI backend, which keeps only a tag's low 16 bits and its upper bits
+  // modulo MPI's range: two of a program's messages in flight at once
+  // between one pair of ranks need tags that differ in their low 16 bits.
   virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
   // Starts receiving exactly `data.size()` bytes from `peer` under `tag`.
   // A size mismatch with the matching send aborts the group.
@@ -142,6 +145,9 @@ class Communicator {
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 
+  // For collective implementations (collectives.h and one's own), not for
+  // user code: calling it outside a collective desynchronises the ranks'
+  // sequence numbers, and the next collective fails its fingerprint check.
   // Sequence number of the next collective; collectives derive their tags
   // from it so that messages of different calls can never be confused.
   std::uint64_t next_sequence() { return sequence_++; }

@@ -13,7 +13,8 @@ namespace lockstep::data {
 struct Dataset {
   std::int64_t size = 0;             // number of examples
   std::int64_t features = 0;         // floats per example
-  std::vector<std::int64_t> shape;   // of one example, e.g. {28, 28}; product = features
+  std::vector<std::int64_t> shape;   // of one example as the file gives it, e.g. {28, 28}; empty when
+                                     // unknown (a set built in code), else its product is `features`
   int num_classes = 0;               // labels are in [0, num_classes)
   std::vector<float> inputs;         // size x features, row-major
   std::vector<std::int32_t> labels;  // size entries

@@ -49,7 +49,7 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 // padded with spaces so the data section starts 8-byte aligned. `metadata` is
 // written as "__metadata__" when non-empty.
 //
-// Atomic: writes "<path>.tmp-<pid>-<thread>" in the same directory, flushes and
+// Atomic (lockstep/atomic_file.h): writes a new temporary file beside `path`,
 // fsyncs it, then renames it over `path`; on any failure `path` is untouched
 // and the temporary file is removed.
 //
