@@ -1,5 +1,8 @@
 // Front door of all-reduce: argument checks, algorithm choice, shared kernels.
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "algorithms.h"
@@ -117,6 +120,25 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
   });
 }
 
+namespace {
+
+// Max or Min of x and y in any order (Note [Max and Min in any order]):
+// `y_beyond` is whether y is strictly past x (y > x for Max), `negative_zero_wins`
+// whether -0 beats +0 (Min).
+inline float nan_first(float x, float y, bool y_beyond, bool negative_zero_wins) {
+  const bool x_nan = std::isnan(x), y_nan = std::isnan(y);
+  if (x_nan || y_nan) {
+    if (!x_nan) return y;
+    if (!y_nan) return x;
+    return std::bit_cast<std::uint32_t>(y) > std::bit_cast<std::uint32_t>(x) ? y : x;
+  }
+  if (y_beyond) return y;
+  if (y == x && std::signbit(y) == negative_zero_wins) return y;  // -0 and +0
+  return x;
+}
+
+}  // namespace
+
 void reduce_into(std::span<float> acc, std::span<const float> in, ReduceOp op) {
   LOCKSTEP_CHECK(acc.size() == in.size(), "reduce_into needs equal sizes");
   float* a = acc.data();
@@ -127,11 +149,17 @@ void reduce_into(std::span<float> acc, std::span<const float> in, ReduceOp op) {
     case ReduceOp::Mean:
       for (std::size_t i = 0; i < n; ++i) a[i] += b[i];
       return;
+    // Note [Max and Min in any order]: std::max(a, b) keeps a when a and b
+    // are unordered (a NaN) or equal (-0 and +0), so its result would depend
+    // on which rank's value the algorithm holds as `a`: ranks, and
+    // algorithms, could end with different bits. These are commutative and
+    // associative on every float: a NaN wins (of two NaNs, the one with the
+    // larger bit pattern), and +0 counts as larger than -0.
     case ReduceOp::Max:
-      for (std::size_t i = 0; i < n; ++i) a[i] = std::max(a[i], b[i]);
+      for (std::size_t i = 0; i < n; ++i) a[i] = nan_first(a[i], b[i], std::isgreater(b[i], a[i]), false);
       return;
     case ReduceOp::Min:
-      for (std::size_t i = 0; i < n; ++i) a[i] = std::min(a[i], b[i]);
+      for (std::size_t i = 0; i < n; ++i) a[i] = nan_first(a[i], b[i], std::isless(b[i], a[i]), true);
       return;
   }
 }

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cstdint>
 #include <cstring>
 
 #include "closed_form.h"
@@ -133,6 +135,52 @@ TEST(Failure, MissingPeerTimesOutAndLaterCallsFailAtOnce) {
   ASSERT_TRUE(errors[0]);
   ASSERT_TRUE(errors[2]);
   EXPECT_FALSE(errors[1]);
+}
+
+// Max and Min give the same bits whatever order an algorithm combines the
+// ranks in: a NaN on one rank wins; of NaNs on every rank, the largest bit
+// pattern; +0 beats -0 for Max and loses for Min. std::max would keep the
+// first operand of an unordered or equal pair, and ranks would disagree.
+TEST(AllreduceMaxMin, NaNsAndSignedZerosGiveTheSameBitsInAnyOrder) {
+  const auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
+  const auto nan_with = [](std::uint32_t payload) { return std::bit_cast<float>(0x7fc00000u | payload); };
+  for (ReduceOp op : {ReduceOp::Max, ReduceOp::Min}) {
+    for (int n : {2, 3, 5, 8}) {
+      for (std::size_t count : {std::size_t{8}, std::size_t{8192}}) {  // shared memory: staged, in place
+        std::vector<std::uint32_t> reference;
+        for (auto algorithm : {Algorithm::Naive, Algorithm::Ring, Algorithm::HalvingDoubling,
+                               Algorithm::SharedMemory, Algorithm::Tree}) {
+          if (algorithm == Algorithm::Tree && (n & (n - 1)) != 0) continue;  // powers of two only
+          std::vector<std::vector<float>> results(n);
+          rethrow_first(run_ranks(n, [&](Communicator& comm) {
+            const int r = comm.rank();
+            std::vector<float> data(count);
+            for (std::size_t i = 0; i < count; i += 4) {
+              data[i] = r == 1 ? nan_with(5) : float(r);      // one rank's NaN
+              data[i + 1] = r % 2 == 0 ? 0.0f : -0.0f;          // signed zeros
+              data[i + 2] = nan_with(std::uint32_t(r) * 3 + 1);  // a NaN on every rank
+              data[i + 3] = float((r * 7) % n) - 1.5f;           // ordinary values
+            }
+            allreduce(comm, data, {.op = op, .algorithm = algorithm});
+            results[r] = std::move(data);
+          }));
+          const std::string where = std::string(to_string(op)) + " " + to_string(algorithm) + " n=" +
+                                    std::to_string(n) + " count=" + std::to_string(count);
+          std::vector<std::uint32_t> got(count);
+          for (std::size_t i = 0; i < count; ++i) got[i] = bits(results[0][i]);
+          EXPECT_EQ(got[0], bits(nan_with(5))) << where;
+          EXPECT_EQ(got[1], op == ReduceOp::Max ? bits(0.0f) : bits(-0.0f)) << where;
+          EXPECT_EQ(got[2], bits(nan_with(std::uint32_t(n - 1) * 3 + 1))) << where;
+          EXPECT_EQ(results[0][3], op == ReduceOp::Max ? float(n - 1) - 1.5f : -1.5f) << where;
+          for (int r = 1; r < n; ++r)
+            EXPECT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)))
+                << where << ": rank " << r << " differs from rank 0";
+          if (reference.empty()) reference = got;
+          EXPECT_EQ(got, reference) << where << " differs from the naive all-reduce";
+        }
+      }
+    }
+  }
 }
 
 TEST(Failure, SizeMismatchAbortsTheGroup) {
