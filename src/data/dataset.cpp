@@ -80,14 +80,16 @@ void normalize_in_place(std::vector<float>& values, float mean, float stddev) {
   for (float& v : values) v = (v - mean) / stddev;
 }
 
-// "28x28".
+}  // namespace
+
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s;
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += 'x';
+    s += std::to_string(shape[i]);
+  }
   return s.empty() ? "single values" : s;
 }
-
-}  // namespace
 
 std::span<const float> Dataset::input(std::int64_t i) const {
   if (i < 0 || i >= size) {

@@ -35,14 +35,10 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
       return shape.empty() || shape == std::vector<std::int64_t>{28, 28};
     };
     if (data.train.features != 28 * 28 || !is_28x28(data.train.shape) || !is_28x28(data.test.shape)) {
-      std::string shape;
-      for (std::size_t i = 0; i < data.train.shape.size(); ++i) {
-        if (i > 0) shape += 'x';
-        shape += std::to_string(data.train.shape[i]);
-      }
       throw InvalidArgument("--model cnn takes 28x28 single-channel images; this data set has " +
                             std::to_string(data.train.features) + " values per sample" +
-                            (shape.empty() ? std::string() : " (" + shape + ")") + ".");
+                            (data.train.shape.empty() ? std::string() : " (" + data::shape_text(data.train.shape) + ")") +
+                            ".");
     }
   }
   if (c.optimizer != "sgd" && c.optimizer != "adamw") {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace lockstep::data {
@@ -23,6 +24,9 @@ struct Dataset {
   // not resized). Throws lockstep::InvalidArgument if i is not in [0, size).
   std::span<const float> input(std::int64_t i) const;
 };
+
+// One example's shape as text: "28x28", "1x28x28"; "single values" if empty.
+std::string shape_text(const std::vector<std::int64_t>& shape);
 
 struct DatasetOptions {
   // false: inputs are pixel / 255 as float32, in [0, 1].
