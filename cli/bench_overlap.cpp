@@ -45,8 +45,14 @@ struct Arm {
       for (const auto& r : runs) v.push_back(r.*f);
       return median(v);
     };
-    return {m(&train::StepTimes::step_ms), m(&train::StepTimes::compute_ms), m(&train::StepTimes::comm_ms),
-            m(&train::StepTimes::exposed_comm_ms), m(&train::StepTimes::overlap_fraction)};
+    train::StepTimes t;
+    t.step_ms = m(&train::StepTimes::step_ms);
+    t.compute_ms = m(&train::StepTimes::compute_ms);
+    t.comm_ms = m(&train::StepTimes::comm_ms);
+    t.exposed_comm_ms = m(&train::StepTimes::exposed_comm_ms);
+    t.overlap_fraction = m(&train::StepTimes::overlap_fraction);
+    t.comm_wait_ms = m(&train::StepTimes::comm_wait_ms);
+    return t;
   }
 };
 
@@ -92,6 +98,7 @@ int run_bench_overlap(const OverlapFlags& f) {
                         {"compute_ms", t.compute_ms},
                         {"comm_ms", t.comm_ms},
                         {"exposed_comm_ms", t.exposed_comm_ms},
+                        {"comm_wait_ms", t.comm_wait_ms},
                         {"overlap_fraction", t.overlap_fraction},
                         {"gradient_bytes_per_step", arm.bytes_per_step}});
       }
@@ -104,14 +111,15 @@ int run_bench_overlap(const OverlapFlags& f) {
     }
     std::printf("MLP hidden %s, %d replicas, link %s; medians over %lld steps x %d runs\n", hidden.c_str(),
                 f.replicas, link.describe().c_str(), (long long)f.steps, f.repeats);
-    std::printf("  %-18s %6s %8s %9s %10s %8s %10s %8s %12s\n", "arm", "micro", "buckets", "step ms",
-                "compute ms", "comm ms", "exposed ms", "overlap", "bytes/step");
+    std::printf("  %-18s %6s %8s %9s %10s %8s %8s %10s %8s %12s\n", "arm", "micro", "buckets", "step ms",
+                "compute ms", "comm ms", "wait ms", "exposed ms", "overlap", "bytes/step");
     for (const auto& arm : arms) {
       const auto t = arm.median_times();
-      std::printf("  %-18s %6lld %8zu %9.2f %10.2f %8.2f %10.2f %7.0f%% %12llu\n", arm.name.c_str(),
-                  (long long)arm.micro_batch, arm.buckets, t.step_ms, t.compute_ms, t.comm_ms,
+      std::printf("  %-18s %6lld %8zu %9.2f %10.2f %8.2f %8.2f %10.2f %7.0f%% %12llu\n", arm.name.c_str(),
+                  (long long)arm.micro_batch, arm.buckets, t.step_ms, t.compute_ms, t.comm_ms, t.comm_wait_ms,
                   t.exposed_comm_ms, 100 * t.overlap_fraction, (unsigned long long)arm.bytes_per_step);
     }
+    std::printf("  (wait: the part of comm spent waiting for the last replica to start each all-reduce)\n");
     std::printf(
         "  step time, default buckets / one bucket: %.3f;  exposed / comm with default buckets: %.3f\n\n",
         on.step_ms / off.step_ms, on.exposed_comm_ms / on.comm_ms);

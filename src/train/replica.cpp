@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <functional>
@@ -257,6 +258,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       t_wait_end = Clock::now();
       out.traffic.gradients += comm.stats().bytes_sent - sent;
       sample.comm = ms_between(t_comm, t_wait_end);
+      sample.spans.emplace_back(t_comm, t_wait_end);
       recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce (tree order)", t_comm, t_wait_end,
                    comm.stats().bytes_sent - sent);
       const float global = static_cast<float>(shard.global_count);
@@ -290,6 +292,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
         const auto& bt = timing.buckets[k];
         sample.comm += ms_between(bt.start, bt.end);
+        sample.spans.emplace_back(bt.start, bt.end);
         out.traffic.gradients += bt.bytes_sent;
         recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
                      bt.end, bt.bytes_sent);
@@ -393,7 +396,50 @@ StepTimes median_times(std::span<const StepSample> samples) {
   }
   t.overlap_fraction = median(
       [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; });
+  std::vector<double> waits, joined;
+  for (const auto& s : samples) {
+    if (std::isnan(s.comm_wait)) continue;
+    waits.push_back(s.comm_wait);
+    joined.push_back(s.comm - s.comm_wait);
+  }
+  if (!waits.empty()) {
+    auto mid = [](std::vector<double>& v) {
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      return v[v.size() / 2];
+    };
+    t.comm_wait_ms = mid(waits);
+    t.comm_joined_ms = mid(joined);
+  }
   return t;
+}
+
+// Note [Waiting for the last replica]: an all-reduce cannot finish on any
+// replica before every replica has started it, so the time from a replica's
+// start of all-reduce k of step s to the last replica's start of the same
+// all-reduce is waiting, whatever the algorithm: for the others' backward
+// (and, with more replicas than cores, for the OS to run them). The rest of
+// the span is the all-reduce itself. Each wait is clamped to the replica's
+// own span, so wait + joined = comm for every sample.
+void attribute_waits(std::span<ReplicaOutput> outputs) {
+  if (outputs.empty()) return;
+  const std::size_t steps = outputs[0].steps.size();
+  for (const auto& o : outputs) {
+    if (o.steps.size() != steps) return;
+    for (std::size_t s = 0; s < steps; ++s)
+      if (o.steps[s].spans.size() != outputs[0].steps[s].spans.size()) return;
+  }
+  for (std::size_t s = 0; s < steps; ++s) {
+    const std::size_t n = outputs[0].steps[s].spans.size();
+    for (auto& o : outputs) o.steps[s].comm_wait = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      auto last_start = outputs[0].steps[s].spans[k].first;
+      for (const auto& o : outputs) last_start = std::max(last_start, o.steps[s].spans[k].first);
+      for (auto& o : outputs) {
+        const auto [start, end] = o.steps[s].spans[k];
+        o.steps[s].comm_wait += ms_between(start, std::min(last_start, end));
+      }
+    }
+  }
 }
 
 }  // namespace lockstep::train::detail

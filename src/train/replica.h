@@ -2,6 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "lockstep/comm/communicator.h"
 #include "lockstep/train/trainer.h"
@@ -21,6 +24,11 @@ struct Shared {  // read-only during training; owned by train()
 struct StepSample {  // one step of one replica, in ms
   double step = 0, compute = 0, comm = 0, exposed = 0;
   double check = 0;  // the divergence check, if this step ran it (inside `step`)
+  // Start and end of each of the step's gradient all-reduces, in launch
+  // order; and the part of `comm` spent waiting for the last replica to join
+  // them (attribute_waits; NaN until it runs).
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> spans;
+  double comm_wait = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct ReplicaOutput {
@@ -42,6 +50,13 @@ struct ReplicaOutput {
 
 // Medians of the samples' fields (overlap from each step's own ratio).
 StepTimes median_times(std::span<const StepSample> samples);
+
+// Sets every sample's comm_wait from all replicas' spans of the same step and
+// all-reduce: the time from a replica's start to the last replica's start,
+// at most the replica's own span (Note [Waiting for the last replica]). Needs
+// every replica's output, on one clock; leaves the samples untouched if the
+// replicas' steps or spans do not line up.
+void attribute_waits(std::span<ReplicaOutput> outputs);
 
 ReplicaOutput run_replica(const Shared& shared, comm::Communicator& comm);
 

@@ -111,6 +111,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                 r.times.step_ms, r.times.compute_ms, r.times.comm_ms, r.times.exposed_comm_ms,
                 100 * r.times.overlap_fraction);
   s += line;
+  if (!std::isnan(r.times.comm_wait_ms) && r.replicas > 1) {  // Note [Waiting for the last replica]
+    std::snprintf(line, sizeof line,
+                  "               communication: %.2f ms waiting for the last replica to join the all-reduce, "
+                  "%.2f ms once all had joined (medians)\n",
+                  r.times.comm_wait_ms, r.times.comm_joined_ms);
+    s += line;
+  }
   // Measured: all bytes the replicas sent in the initial broadcast, spread
   // over the N-1 replicas that received them.
   const TrafficBytes all = total_sent(r);
@@ -221,6 +228,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"comm_ms", r.times.comm_ms},
                  {"exposed_comm_ms", r.times.exposed_comm_ms},
                  {"overlap_fraction", r.times.overlap_fraction},
+                 {"comm_wait_ms", r.times.comm_wait_ms},
+                 {"comm_joined_ms", r.times.comm_joined_ms},
                  {"check_ms", r.times.check_ms}};
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& b : r.buckets) {

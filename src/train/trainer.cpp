@@ -253,6 +253,8 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   // P in the bytes of the wire's type: float32, or bf16 with --compress bf16.
   const std::uint64_t wire_bytes = c.compression == ddp::Compression::Bf16 ? res.grad_bytes / 2 : res.grad_bytes;
   res.allreduce_bytes_per_step_formula = 2 * wire_bytes * static_cast<std::uint64_t>(c.replicas - 1) / c.replicas;
+  // One clock for all replicas only when they all ran here.
+  if (outputs.size() == static_cast<std::size_t>(c.replicas)) detail::attribute_waits(outputs);
   std::vector<detail::StepSample> samples;
   for (auto& out : outputs) {
     res.traffic.push_back(out.traffic);

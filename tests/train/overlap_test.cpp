@@ -10,6 +10,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
+#include "train/replica.h"
 
 namespace lockstep::train {
 namespace {
@@ -169,6 +170,55 @@ TEST(Metrics, StepTimesAreConsistent) {
   EXPECT_LE(r.times.exposed_comm_ms, r.times.step_ms);
   EXPECT_GE(r.times.overlap_fraction, 0.0);
   EXPECT_LE(r.times.overlap_fraction, 1.0);
+  // Each step's wait and joined parts sum to its comm, so their medians
+  // cannot exceed comm's.
+  ASSERT_FALSE(std::isnan(r.times.comm_wait_ms)) << "every replica ran in this process";
+  EXPECT_GE(r.times.comm_wait_ms, 0.0);
+  EXPECT_LE(r.times.comm_wait_ms, r.times.comm_ms);
+  EXPECT_GE(r.times.comm_joined_ms, 0.0);
+  EXPECT_LE(r.times.comm_joined_ms, r.times.comm_ms);
+}
+
+// Note [Waiting for the last replica] on hand-made spans: three replicas, one
+// step, two all-reduces. The wait is the time to the last replica's start,
+// clamped to the replica's own span.
+TEST(Metrics, WaitIsTheTimeToTheLastReplicasStart) {
+  using std::chrono::milliseconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto at = [&](int ms) { return t0 + milliseconds(ms); };
+  // {start, end} of all-reduce 0 and 1 on each replica.
+  const int spans[3][2][2] = {{{0, 7}, {8, 10}}, {{2, 7}, {8, 10}}, {{5, 7}, {9, 10}}};
+  std::vector<detail::ReplicaOutput> outputs(3);
+  for (int r = 0; r < 3; ++r) {
+    detail::StepSample s;
+    for (const auto& span : spans[r]) {
+      s.spans.emplace_back(at(span[0]), at(span[1]));
+      s.comm += span[1] - span[0];
+    }
+    outputs[r].steps.push_back(s);
+  }
+  detail::attribute_waits(outputs);
+  EXPECT_NEAR(outputs[0].steps[0].comm_wait, 5 + 1, 1e-9);
+  EXPECT_NEAR(outputs[1].steps[0].comm_wait, 3 + 1, 1e-9);
+  EXPECT_NEAR(outputs[2].steps[0].comm_wait, 0, 1e-9);
+  std::vector<detail::StepSample> all;
+  for (const auto& o : outputs) all.push_back(o.steps[0]);
+  const auto t = detail::median_times(all);
+  EXPECT_NEAR(t.comm_wait_ms, 4, 1e-9);
+  EXPECT_NEAR(t.comm_joined_ms, 3, 1e-9);  // comm 9, 7, 3 minus waits 6, 4, 0
+
+  // A span that ends before the last start (it cannot, but the sum must stay
+  // within comm) waits its whole span.
+  outputs[0].steps[0].spans[0] = {at(0), at(1)};
+  detail::attribute_waits(outputs);
+  EXPECT_NEAR(outputs[0].steps[0].comm_wait, 1 + 1, 1e-9);
+
+  // Spans that do not line up (a replica with one all-reduce fewer) are left
+  // unattributed rather than paired wrongly.
+  for (auto& o : outputs) o.steps[0].comm_wait = std::numeric_limits<double>::quiet_NaN();
+  outputs[2].steps[0].spans.pop_back();
+  detail::attribute_waits(outputs);
+  for (const auto& o : outputs) EXPECT_TRUE(std::isnan(o.steps[0].comm_wait));
 }
 
 // bf16 on the wire: half the gradient bytes of the float ring, and training

@@ -3,9 +3,11 @@
 // group, so the result can be held bit for bit against train() on the same
 // group; tests/cli/launch_test.cpp runs the real processes.
 #include <gtest/gtest.h>
+
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "comm/run_ranks.h"
@@ -68,6 +70,11 @@ TEST(TrainReplica, EveryRankMatchesTrainBitForBit) {
       EXPECT_EQ(one.test_accuracy, whole.test_accuracy);
       EXPECT_EQ(one.steps, whole.steps);
       EXPECT_EQ(one.samples_seen, whole.samples_seen);
+      // The wait for the last replica needs every replica on one clock.
+      EXPECT_FALSE(std::isnan(whole.times.comm_wait_ms));
+      if (n > 1) {
+        EXPECT_TRUE(std::isnan(one.times.comm_wait_ms));
+      }
       // Every rank's traffic, the same bytes train() counted for each.
       ASSERT_EQ(one.traffic.size(), std::size_t(n));
       for (int q = 0; q < n; ++q) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -131,6 +132,12 @@ struct StepTimes {
   double exposed_comm_ms = 0;   // waited on communication after backward ended
   double overlap_fraction = 0;  // 1 - exposed / comm
   double check_ms = 0;          // the divergence check (fingerprints + compare), on the steps that ran it
+  // comm_ms split at the moment the last replica started each all-reduce:
+  // before it, a replica waits for the others to join (on shared cores, for
+  // the OS to run them); after it, the all-reduce itself runs. Measured on
+  // one clock, so only when every replica ran in this process; NaN otherwise.
+  double comm_wait_ms = std::numeric_limits<double>::quiet_NaN();
+  double comm_joined_ms = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct Progress {
