@@ -16,8 +16,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <ctime>
+#include <string>
+#include <vector>
 
 #include "lockstep/error.h"
 #include "threads_hub.h"
@@ -43,6 +46,20 @@ void Hub::wake_barrier() {
   futex_wake_all(wake_epoch);
 }
 
+std::string Hub::missing_ranks(std::uint64_t entered) const {
+  std::vector<int> missing;
+  for (int j = 0; j < size(); ++j)
+    if (barriers_entered[j].load(std::memory_order_relaxed) < entered) missing.push_back(j);
+  if (missing.empty()) return "ranks that arrived as it gave up";  // all came in the last instant
+  constexpr std::size_t kNamed = 8;
+  std::string s = missing.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < std::min(missing.size(), kNamed); ++i)
+    s += (i > 0 ? ", " : "") + std::to_string(missing[i]);
+  if (missing.size() > kNamed) s += " and " + std::to_string(missing.size() - kNamed) + " more";
+  return s + " (" + std::to_string(missing.size()) + " of " + std::to_string(size()) +
+         " had not arrived)";
+}
+
 void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interruptible) {
   auto aborted_error = [&] {
     std::lock_guard lock(mu);
@@ -50,6 +67,7 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
   };
   if (interruptible && aborted_flag.load()) throw aborted_error();
   const auto n = static_cast<std::uint64_t>(size());
+  const std::uint64_t entered = barriers_entered[rank].fetch_add(1, std::memory_order_relaxed) + 1;
   std::uint64_t state = barrier_state.fetch_add(1, std::memory_order_acq_rel) + 1;
   const std::uint64_t generation = state >> 32;
   // The last to arrive completes the barrier, unless someone withdrew meanwhile.
@@ -87,7 +105,7 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
         if (!timed_out) throw aborted_error();
         const std::string msg = "rank " + std::to_string(rank) + ": " + describe(fp) + " timed out after " +
                                 std::to_string(timeout.count()) + " ms waiting for " +
-                                std::to_string(n - (cur & 0xffffffffu)) + " other rank(s)";
+                                missing_ranks(entered);
         {
           std::lock_guard lock(mu);
           abort_locked(msg);

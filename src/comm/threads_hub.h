@@ -33,6 +33,7 @@ struct Hub {
       : cv(n),
         parked_sends(n),
         parked_recvs(n),
+        barriers_entered(std::make_unique<std::atomic<std::uint64_t>[]>(n)),
         slots(n),
         staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)},
         tree_scratch(n),
@@ -52,6 +53,11 @@ struct Hub {
   std::atomic<std::uint64_t> barrier_state{0};
   std::atomic<std::uint32_t> wake_epoch{0};
   std::atomic<bool> aborted_flag{false};  // mirrors `aborted` for lock-free readers
+  // Per rank, written only by that rank: barriers it has entered (a rank
+  // that withdraws still counts: it came, and the group is aborted after it).
+  // Every rank enters the same barriers in the same order, so a rank that
+  // times out in its k-th names the ranks still short of k.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> barriers_entered;
 
   // Shared-memory collectives: each rank publishes its buffer here between
   // two barriers. slots[r] is written only by rank r, read by all after the
@@ -84,6 +90,9 @@ struct Hub {
   // rank whatever happens; only for ranks that are past an earlier barrier of
   // the same call and cannot block (Note [Nobody leaves while others write]).
   void barrier(int rank, Duration timeout, const Fingerprint& fp, bool interruptible = true);
+  // "rank 5 (1 of 8 had not arrived)": the ranks that have not entered the
+  // `entered`-th barrier (threads_barrier.cpp).
+  std::string missing_ranks(std::uint64_t entered) const;
 };
 
 // Publishes `fp`, waits for every rank, and compares all fingerprints;

@@ -219,6 +219,9 @@ TEST(Failure, SharedMemoryMissingPeerTimesOutNamingTheCollective) {
           std::string(e.what()).find("allreduce(sum, float32, 10 elements, seq 0, shared_memory) timed out"),
           std::string::npos)
           << e.what();
+      // The rank that never came is named.
+      EXPECT_NE(std::string(e.what()).find("waiting for rank 1 (1 of 3 had not arrived)"), std::string::npos)
+          << e.what();
     } catch (const CommAborted&) {
     }
   }
