@@ -83,8 +83,15 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
 // Fails before training, not after it, if an output cannot be written or
 // would destroy another output or one of the run's inputs.
 void check_outputs(const TrainFlags& f) {
-  std::vector<NamedFile> inputs = {{"--init", f.init_file, "--save"},
-                                  {"--secret-file", f.group.secret_file}};
+  // The secret the group would read, from the flag or the environment.
+  comm::ProcessGroupOptions group;
+  group.rank = 0;  // not read from the environment here
+  group.world_size = 1;
+  group.secret_file = f.group.secret_file;
+  const std::string secret = comm::with_environment(group).secret_file;
+  std::vector<NamedFile> inputs = {
+      {"--init", f.init_file, "--save"},
+      {f.group.secret_file.empty() ? "$LOCKSTEP_SECRET_FILE" : "--secret-file", secret}};
   for (const auto& file : data::image_classification_files(f.data_dir))
     inputs.push_back({"a file of --data", file.string()});
   check_outputs({{"--save", f.save_file},

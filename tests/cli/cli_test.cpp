@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -177,6 +178,19 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
 
   // Continuing from a file and saving over it is fine: --save writes after --init was read.
   EXPECT_EQ(run(common + "--init " + weights.string() + " --save " + weights.string()).code, 0);
+
+  // The job secret named by $LOCKSTEP_SECRET_FILE is an input as much as --secret-file's.
+  const fs::path secret = dir / "job.secret";
+  std::ofstream(secret) << "s3cret";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+  ::setenv("LOCKSTEP_SECRET_FILE", secret.c_str(), 1);
+  const CliRun env_secret = run(common + "--save " + secret.string());
+  ::unsetenv("LOCKSTEP_SECRET_FILE");
+  EXPECT_EQ(env_secret.code, 2) << env_secret.output;
+  EXPECT_NE(env_secret.output.find("is $LOCKSTEP_SECRET_FILE (" + secret.string() + "), which the run reads"),
+            std::string::npos)
+      << env_secret.output;
+  EXPECT_EQ(bytes(secret), "s3cret");
 
   // plan: --svg onto the --profile it reads.
   const fs::path profile = dir / "profile.json";
