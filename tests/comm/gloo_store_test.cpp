@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/gloo/store.h"
+#include "lockstep/error.h"
 #include "redis_server.h"
 #include "temp_dir_test.h"
 
@@ -81,6 +82,35 @@ TEST_F(GlooStore, RedisSetIfAbsentHasExactlyOneWinner) {
   const int port = start_redis(redis, dir_);
   ASSERT_NE(port, 0);
   race_on_keys("redis://127.0.0.1:" + std::to_string(port));
+}
+
+// A "Redis server" that accepts connections (the kernel completes them on a
+// listening socket) and never answers, as a stopped or overloaded one does:
+// every store call fails within the store's timeout instead of blocking.
+// Wall-clock guard, not a timing threshold: a hang fails the test.
+TEST_F(GlooStore, ARedisServerThatNeverAnswersFailsEveryCallWithinTheTimeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string address = "redis://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const auto t0 = std::chrono::steady_clock::now();
+  RendezvousStore store(address, "job", std::chrono::milliseconds(300));
+  try {
+    store.set_if_absent("k", "v");
+    ADD_FAILURE() << "a silent server answered";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not answer within 300 ms"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(address), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(store.try_get("k"), IoError);  // at once: the connection is dead
+  store.remove("k");                          // never throws, never blocks
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "blocked past the timeout";
+  ::close(fd);
 }
 
 TEST_F(GlooStore, RemovedKeyReadsAsAbsentAndCanBeSetAgain) {

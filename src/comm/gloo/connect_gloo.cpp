@@ -70,7 +70,10 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
 
   // Also while the device is created: its thread keeps SIGPIPE blocked for good.
   const gloo_backend::ScopedSigpipeBlock no_sigpipe;
-  auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id);
+  // Each store call gets at most the shorter timeout (a rendezvous call during
+  // the join, the abort watcher's reads during training).
+  const auto store_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(o.timeout, o.rendezvous_timeout));
+  auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id, store_timeout);
   const auto deadline = Clock::now() + o.rendezvous_timeout;
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);

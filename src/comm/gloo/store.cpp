@@ -1,19 +1,24 @@
-// The rendezvous store: Gloo's FileStore and RedisStore behind set-if-absent
-// and a non-blocking get (the stores' own waits only time out in whole
-// seconds, so the join protocol polls with try_get against its own deadline).
-// Redis's SETNX is atomic; for files, see ProbingFileStore.
+// The rendezvous store: Gloo's FileStore, or a Redis connection through
+// hiredis (RedisClient), behind set-if-absent and a non-blocking get (the
+// join protocol polls with try_get against its own deadline). Redis's SETNX
+// is atomic; for files, see ProbingFileStore.
 #include "store.h"
 
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/redis_store.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -97,29 +102,6 @@ class ProbingFileStore final : public gloo::rendezvous::FileStore {
   std::uint64_t writes_ = 0;
 };
 
-class ProbingRedisStore final : public gloo::rendezvous::RedisStore {
- public:
-  using RedisStore::RedisStore;
-  bool has(const std::string& key) { return check({key}); }
-  // SETNX: true if this call created the key. Not Gloo's set(), which throws
-  // on "already set" before it frees the reply (48 bytes leaked per lost race,
-  // which LeakSanitizer reports).
-  bool set_if_absent(const std::string& key, const std::string& value) {
-    auto* reply = static_cast<redisReply*>(
-        redisCommand(redis_, "SETNX %b %b", key.c_str(), key.size(), value.data(), value.size()));
-    if (reply == nullptr) throw IoError(std::string("SETNX failed: ") + redis_->errstr);
-    const bool integer = reply->type == REDIS_REPLY_INTEGER;
-    const bool created = integer && reply->integer == 1;
-    const std::string error = reply->type == REDIS_REPLY_ERROR && reply->str != nullptr ? reply->str : "";
-    freeReplyObject(reply);
-    if (!integer) throw IoError("SETNX failed: " + (error.empty() ? std::string("unexpected reply") : error));
-    return created;
-  }
-  void remove(const std::string& key) {
-    if (void* reply = redisCommand(redis_, "DEL %b", key.c_str(), key.size())) freeReplyObject(reply);
-  }
-};
-
 void make_dirs(const std::string& dir) {
   for (std::size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos != dir.size() && dir[pos] != '/') continue;
@@ -132,8 +114,80 @@ void make_dirs(const std::string& dir) {
 
 }  // namespace
 
-RendezvousStore::RendezvousStore(const std::string& address, const std::string& job_id)
-    : address_(address), job_id_(job_id) {
+// A Redis connection in which every call has a deadline: hiredis's connect
+// with a timeout, then a socket timeout on each command. (Gloo's RedisStore
+// has neither, so a server that accepted the connection but never answered,
+// stopped or overloaded, blocked a rank forever.) After a timeout the
+// connection is dead and every later call fails at once.
+class RedisClient {
+ public:
+  RedisClient(const std::string& host, int port, std::chrono::milliseconds timeout) : timeout_(timeout) {
+    const timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+    ctx_ = redisConnectWithTimeout(host.c_str(), port, tv);
+    if (ctx_ == nullptr) throw IoError("cannot allocate a Redis connection");
+    if (ctx_->err != 0) {
+      const std::string why = ctx_->errstr;
+      redisFree(ctx_);
+      ctx_ = nullptr;
+      throw IoError("cannot connect to the Redis server at " + host + ":" + std::to_string(port) + ": " + why);
+    }
+    redisSetTimeout(ctx_, tv);
+  }
+  ~RedisClient() {
+    if (ctx_ != nullptr) redisFree(ctx_);
+  }
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
+
+  // SETNX: true if this call created the key.
+  bool set_if_absent(const std::string& key, const std::string& value) {
+    const Reply r = run({"SETNX", key, value});
+    if (r->type != REDIS_REPLY_INTEGER) throw IoError("SETNX failed: " + error_of(r.get()));
+    return r->integer == 1;
+  }
+  std::optional<std::string> get(const std::string& key) {
+    const Reply r = run({"GET", key});
+    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (r->type != REDIS_REPLY_STRING) throw IoError("GET failed: " + error_of(r.get()));
+    return std::string(r->str, r->len);
+  }
+  void remove(const std::string& key) { run({"DEL", key}); }
+
+ private:
+  struct FreeReply {
+    void operator()(redisReply* r) const { freeReplyObject(r); }
+  };
+  using Reply = std::unique_ptr<redisReply, FreeReply>;
+
+  Reply run(std::initializer_list<std::string_view> args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const auto a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()));
+    if (reply != nullptr) return Reply(reply);
+    const std::string why = ctx_->errstr;
+    if (ctx_->err == REDIS_ERR_IO && (why.find("temporarily unavailable") != std::string::npos ||
+                                      why.find("timed out") != std::string::npos)) {
+      throw IoError("the Redis server did not answer within " + std::to_string(timeout_.count()) +
+                    " ms (stopped or overloaded?)");
+    }
+    throw IoError(why.empty() ? std::string("the Redis connection failed") : why);
+  }
+  static std::string error_of(const redisReply* r) {
+    return r->type == REDIS_REPLY_ERROR && r->str != nullptr ? std::string(r->str, r->len) : "unexpected reply";
+  }
+
+  std::chrono::milliseconds timeout_;
+  redisContext* ctx_ = nullptr;
+};
+
+RendezvousStore::RendezvousStore(const std::string& address, const std::string& job_id,
+                                 std::chrono::milliseconds io_timeout)
+    : address_(address), job_id_(job_id), io_timeout_(io_timeout) {
   if (job_id.empty() || job_id.find('/') != std::string::npos) {
     throw InvalidArgument("job id '" + job_id + "' must be non-empty and contain no '/'");
   }
@@ -153,7 +207,7 @@ RendezvousStore::RendezvousStore(const std::string& address, const std::string& 
       redis_ = true;
       host_ = rest.substr(0, colon);
       port_ = static_cast<int>(port);
-      store_ = std::make_unique<ProbingRedisStore>(host_, port_);
+      redis_client_ = std::make_unique<RedisClient>(host_, port_, io_timeout);
     } else {
       throw InvalidArgument("rendezvous '" + address + "': expected file:DIR or redis://HOST:PORT");
     }
@@ -175,12 +229,9 @@ bool RendezvousStore::set_if_absent(const std::string& k, const std::string& val
       throw IoError("rendezvous " + address_ + ": " + e.what());
     }
   }
-  auto& redis = static_cast<ProbingRedisStore&>(*store_);
   try {
-    return redis.set_if_absent(key(k), value);
+    return redis_client_->set_if_absent(key(k), value);
   } catch (const IoError& e) {
-    throw IoError("rendezvous " + address_ + ": cannot set " + key(k) + ": " + e.what());
-  } catch (const gloo::Exception& e) {
     throw IoError("rendezvous " + address_ + ": cannot set " + key(k) + ": " + e.what());
   }
 }
@@ -194,14 +245,9 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
       throw IoError("rendezvous " + address_ + ": " + e.what());
     }
   }
-  auto& redis = static_cast<ProbingRedisStore&>(*store_);
   try {
-    if (!redis.has(key(k))) return std::nullopt;
-    const std::vector<char> v = redis.get(key(k));
-    return std::string(v.begin(), v.end());
-  } catch (const gloo::EnforceNotMet& e) {
-    throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
-  } catch (const gloo::Exception& e) {
+    return redis_client_->get(key(k));
+  } catch (const IoError& e) {
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
   }
 }
@@ -209,8 +255,7 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
 void RendezvousStore::remove(const std::string& k) noexcept {
   std::lock_guard lock(mu_);
   try {
-    redis_ ? static_cast<ProbingRedisStore&>(*store_).remove(key(k))
-           : static_cast<ProbingFileStore&>(*store_).remove(key(k));
+    redis_ ? redis_client_->remove(key(k)) : static_cast<ProbingFileStore&>(*store_).remove(key(k));
   } catch (...) {  // best effort: a key left behind only matters to a later job with the same id
   }
 }

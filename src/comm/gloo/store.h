@@ -1,12 +1,14 @@
-// Private: the rendezvous store of a Gloo process group, over Gloo's own
-// stores (gloo::rendezvous::FileStore for "file:DIR", RedisStore for
-// "redis://HOST:PORT"), with the two operations the join protocol needs and
-// no blocking call without a deadline.
+// Private: the rendezvous store of a Gloo process group, over Gloo's
+// FileStore for "file:DIR" and a hiredis connection for "redis://HOST:PORT",
+// with the two operations the join protocol needs and no blocking call
+// without a deadline (a Redis call that gets no answer within `io_timeout`
+// throws IoError).
 //
 // Every key is prefixed with the job id, so jobs that share a store stay apart.
 // Thread-safety: all methods may be called from any thread (one mutex).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,11 +21,14 @@ class Store;
 
 namespace lockstep::comm::gloo_backend {
 
+class RedisClient;  // store.cpp
+
 class RendezvousStore {
  public:
   // `address` is "file:DIR" (DIR must exist) or "redis://HOST:PORT". Throws
   // InvalidArgument for any other form, IoError if the store cannot be reached.
-  RendezvousStore(const std::string& address, const std::string& job_id);
+  RendezvousStore(const std::string& address, const std::string& job_id,
+                  std::chrono::milliseconds io_timeout = std::chrono::seconds(10));
   ~RendezvousStore();
   RendezvousStore(const RendezvousStore&) = delete;
   RendezvousStore& operator=(const RendezvousStore&) = delete;
@@ -43,6 +48,7 @@ class RendezvousStore {
   int port() const { return port_; }
   const std::string& address() const { return address_; }
   const std::string& job_id() const { return job_id_; }
+  std::chrono::milliseconds io_timeout() const { return io_timeout_; }
 
  private:
   std::string key(const std::string& k) const { return job_id_ + "/" + k; }
@@ -52,8 +58,10 @@ class RendezvousStore {
   bool redis_ = false;
   std::string host_;
   int port_ = 0;
-  std::mutex mu_;                                   // guards store_ (one redis connection)
-  std::unique_ptr<gloo::rendezvous::Store> store_;  // FileStore or RedisStore
+  std::chrono::milliseconds io_timeout_;
+  std::mutex mu_;                                   // guards store_ and redis_client_ (one connection)
+  std::unique_ptr<gloo::rendezvous::Store> store_;  // a FileStore, for file:DIR
+  std::unique_ptr<RedisClient> redis_client_;        // for redis://
 };
 
 }  // namespace lockstep::comm::gloo_backend
