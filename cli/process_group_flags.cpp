@@ -69,7 +69,9 @@ comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& f, std:
   o.secret_file = f.secret_file;
   o.timeout = seconds(f.timeout_s);
   o.rendezvous_timeout = seconds(f.rendezvous_timeout_s);
-  o = comm::with_environment(o);
+  // $RANK, $WORLD_SIZE and the rendezvous variables are Gloo's: under mpirun,
+  // MPI assigns ranks, and a stray $RANK must not contradict it.
+  if (backend_of(f) != comm::Backend::Mpi) o = comm::with_environment(o);
   if (backend_of(f) == comm::Backend::Gloo && o.secret_file.empty() && o.rendezvous.rfind("redis://", 0) == 0) {
     warnings << "lockstep: warning: no --secret-file: this job is open to anyone who can reach its ports "
                 "(give every rank the same owner-only --secret-file)\n";

@@ -72,8 +72,13 @@ void Communicator::check_fingerprint(const Fingerprint& fp) {
                               std::as_writable_bytes(std::span<Fingerprint>(&left, 1)));
   auto send_work =
       comm.isend((r + 1) % n, detail::kFingerprintTag, std::as_bytes(std::span<const Fingerprint>(&fp, 1)));
-  recv_work->wait(comm.timeout());
-  send_work->wait(comm.timeout());
+  try {
+    recv_work->wait(comm.timeout());
+    send_work->wait(comm.timeout());
+  } catch (const TimeoutError& e) {
+    // The fingerprint channel's tag carries no sequence number: name the call.
+    throw TimeoutError(describe(fp) + ": " + e.what());
+  }
   if (!(left == fp)) detail::fingerprint_mismatch(comm, (r - 1 + n) % n, fp, left);
 }
 

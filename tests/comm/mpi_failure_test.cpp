@@ -54,6 +54,33 @@ TEST(MpiFailure, RecvFromASilentPeerTimesOutNamingRankPeerAndTag) {
   EXPECT_THROW(allreduce(*comm, data, {.op = ReduceOp::Sum}), CommAborted);
 }
 
+// A collective's fingerprint check that times out names the call: the
+// fingerprint channel's tag has no sequence number of its own.
+TEST(MpiFailure, AFingerprintCheckTimeoutNamesTheCollective) {
+  auto comm = connect_mpi({.timeout = milliseconds(500)});
+  // Only rank 0 times out on its own; the others, waiting in the ring, hear of it.
+  if (comm->rank() != 0) comm->set_timeout(std::chrono::seconds(20));
+  const int last = comm->size() - 1;
+  std::vector<float> data(10, 1.0f);
+  if (comm->rank() == last) {
+    // Never calls the all-reduce; hears of the others' failure instead.
+    std::vector<std::byte> buf(16);
+    const std::string what = message_of([&] { comm->irecv(0, 8, buf)->wait(std::chrono::seconds(30)); });
+    EXPECT_NE(what.find("communicator aborted"), std::string::npos) << what;
+    return;
+  }
+  const std::string what =
+      message_of([&] { allreduce(*comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring}); });
+  if (comm->rank() == 0) {  // its left neighbour is the silent rank: its check times out
+    EXPECT_NE(what.find("allreduce(sum, float32, 10 elements, seq 0, ring): rank 0: recv from rank " +
+                        std::to_string(last) + " timed out after 500 ms"),
+              std::string::npos)
+        << what;
+  } else {
+    EXPECT_FALSE(what.empty()) << "rank " << comm->rank() << " finished an all-reduce the last rank never joined";
+  }
+}
+
 TEST(MpiFailure, AbortOnOneRankWakesEveryRankWithTheReason) {
   auto comm = connect_mpi({.timeout = std::chrono::seconds(30)});
   const int last = comm->size() - 1;

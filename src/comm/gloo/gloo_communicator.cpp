@@ -224,14 +224,6 @@ CommStats GlooCommunicator::stats() const {
 
 std::vector<int> GlooCommunicator::nodes() const { return mesh_->nodes(); }
 
-void GlooCommunicator::check_fingerprint(const Fingerprint& fp) {
-  try {
-    Communicator::check_fingerprint(fp);
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(describe(fp) + ": " + e.what());  // the fingerprint channel has no sequence in its tag
-  }
-}
-
 void GlooCommunicator::allreduce(std::span<float> data, const Fingerprint& fp, bool verify) {
   if (verify) check_fingerprint(fp);
   if (size_ > 1 && !data.empty()) {

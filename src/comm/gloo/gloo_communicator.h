@@ -56,7 +56,6 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
   void abort(const std::string& reason) override;
   std::string abort_reason() const override;
   CommStats stats() const override;
-  void check_fingerprint(const Fingerprint& fp) override;
   NativeAllreduce* native_allreduce() override { return this; }
   std::vector<int> nodes() const override;
 

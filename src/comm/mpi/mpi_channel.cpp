@@ -52,6 +52,7 @@ void MpiChannel::poll_notice_locked() {
   if (abort_reason_.empty()) {
     abort_reason_ = std::string(notice_in_.data(), static_cast<std::size_t>(len > 0 ? len : 0));
     if (abort_reason_.empty()) abort_reason_ = "aborted by rank " + std::to_string(status.MPI_SOURCE);
+    session_->mark_failed();  // Note [MPI_Finalize after a failure]
   }
 }
 
@@ -65,6 +66,7 @@ void MpiChannel::abort(const std::string& reason) {
   std::lock_guard guard(mu_);
   if (!abort_reason_.empty()) return;
   abort_reason_ = reason.empty() ? "aborted by rank " + std::to_string(rank_) : reason;
+  session_->mark_failed();  // Note [MPI_Finalize after a failure]
   notice_out_ = abort_reason_.substr(0, kNoticeBytes);
   auto lock = session_->lock();
   for (int peer = 0; peer < size_; ++peer) {

@@ -197,22 +197,29 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
 }  // namespace
 
 std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
-  auto channel = std::make_shared<MpiChannel>(detail::MpiSession::acquire(), MPI_COMM_WORLD);
+  auto session = detail::MpiSession::acquire();
+  session->note_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
+  auto channel = std::make_shared<MpiChannel>(std::move(session), MPI_COMM_WORLD);
   const int rank = channel->rank(), size = channel->size();
+  // A refusal aborts the channel, so this process will not wait in
+  // MPI_Finalize for peers that wait for it (Note [MPI_Finalize after a
+  // failure]); it exits non-zero and mpirun ends the job.
+  const auto refuse = [&](const std::string& msg) {
+    channel->abort(msg);
+    throw InvalidArgument(msg);
+  };
   if (options.rank >= 0 && options.rank != rank) {
-    throw InvalidArgument("MPI says this process is rank " + std::to_string(rank) + " but rank " +
-                          std::to_string(options.rank) + " was asked for (mpirun assigns ranks)");
+    refuse("MPI says this process is rank " + std::to_string(rank) + " but rank " + std::to_string(options.rank) +
+           " was asked for (mpirun assigns ranks: leave out --rank)");
   }
   if (options.world_size >= 0 && options.world_size != size) {
-    throw InvalidArgument("rank " + std::to_string(rank) + ": MPI says the world size is " +
-                          std::to_string(size) + " but " + std::to_string(options.world_size) +
-                          " was asked for (mpirun -np sets it)");
+    refuse("rank " + std::to_string(rank) + ": MPI says the world size is " + std::to_string(size) + " but " +
+           std::to_string(options.world_size) + " was asked for (mpirun -np sets it: leave out --world-size)");
   }
   if (static_cast<std::uint64_t>(size) + 1 >= channel->tag_window()) {
-    throw InvalidArgument("rank " + std::to_string(rank) +
-                          ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
-                          std::to_string(channel->tag_window()) + " collectives in flight, too few for " +
-                          std::to_string(size) + " ranks (src/comm/mpi/mpi_tags.h)");
+    refuse("rank " + std::to_string(rank) + ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
+           std::to_string(channel->tag_window()) + " collectives in flight, too few for " + std::to_string(size) +
+           " ranks (src/comm/mpi/mpi_tags.h)");
   }
   std::vector<int> nodes = exchange_nodes(*channel, options.timeout);
   auto comm = std::make_unique<MpiCommunicator>(std::move(channel));

@@ -18,6 +18,8 @@
 // makes two MPI calls at the same time.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 
@@ -28,7 +30,7 @@ class MpiSession {
   // Initialises MPI on first use; throws lockstep::Error if MPI was already
   // finalised in this process, or offers less than MPI_THREAD_SERIALIZED.
   static std::shared_ptr<MpiSession> acquire();
-  ~MpiSession();  // MPI_Finalize when this session initialised MPI
+  ~MpiSession();  // MPI_Finalize when this session initialised MPI (Note [MPI_Finalize after a failure])
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
 
@@ -38,12 +40,20 @@ class MpiSession {
     return serialized_ ? std::unique_lock<std::mutex>(mu_) : std::unique_lock<std::mutex>();
   }
   bool thread_multiple() const { return !serialized_; }
+  // After a failure (an abort sent or received, a timeout, a refused
+  // connect) the session finalises MPI only if every process shows up within
+  // a few seconds: Note [MPI_Finalize after a failure] in mpi_session.cpp.
+  void mark_failed() { failed_.store(true); }
+  void note_timeout(std::chrono::milliseconds timeout);
 
  private:
   MpiSession(bool owns_mpi, bool serialized) : owns_mpi_(owns_mpi), serialized_(serialized) {}
   const bool owns_mpi_;
   const bool serialized_;
   std::mutex mu_;  // serialises MPI calls when !thread_multiple()
+  std::atomic<bool> failed_{false};
+  std::chrono::milliseconds longest_timeout_{std::chrono::seconds(60)};  // guarded by mu_
+  bool timeout_noted_ = false;                                           // guarded by mu_
 };
 
 // Throws lockstep::Error naming `what` and MPI's message when rc is not MPI_SUCCESS.
