@@ -38,6 +38,7 @@ using Clock = std::chrono::steady_clock;
 struct Flags {
   std::string sizes = "4K,16K,64K,256K,1M,4M,16M,64M,256M";
   int replicas = 8;
+  bool replicas_given = false;
   std::string algorithm = "auto";
   int repeats = 0;  // 0: adaptive
   bool no_verify = false;
@@ -137,6 +138,11 @@ int run(const Flags& f) {
   }
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const bool threads = backend_of(f.group) == comm::Backend::Threads;
+  if (!threads && f.replicas_given) {
+    throw InvalidArgument("--replicas counts in-process replicas (--backend threads); with --backend " +
+                          f.group.backend + " every process is one rank (set the count with --world-size, "
+                          "lockstep launch --nproc or mpirun -np).");
+  }
   // A process group: this process is one rank; rank 0 measures memcpy (the
   // others wait in the first barrier) and prints.
   std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
@@ -190,7 +196,8 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
-      ->transform(whole_number_in(1, 1024));
+      ->transform(whole_number_in(1, 1024))
+      ->each([flags](const std::string&) { flags->replicas_given = true; });
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
   cmd->add_option("--repeats", flags->repeats, "Timed calls per size (0: adaptive); the median is reported")

@@ -91,6 +91,26 @@ int run_launch(const LaunchFlags& f) {
         "launch needs the command to run after --, e.g. lockstep launch --nproc 4 -- train");
   }
   if (f.command[0] == "launch") throw InvalidArgument("launch cannot launch itself; give e.g. -- train ...");
+  // Only a command that joins the process group is one job across N
+  // processes; anything else would run N independent copies (each printing,
+  // each writing the same --save).
+  const bool joins = f.command[0] == "train" || (f.command[0] == "bench" && f.command.size() > 1 &&
+                                                  f.command[1] == "allreduce");
+  if (!joins) {
+    const std::string what = f.command[0] + (f.command.size() > 1 && f.command[0] == "bench" ? " " + f.command[1] : "");
+    throw InvalidArgument("launch runs commands that join a process group (train, bench allreduce); '" + what +
+                          "' would run " + std::to_string(f.nproc) + " independent copies. Run it without launch.");
+  }
+  for (std::size_t i = 1; i < f.command.size(); ++i) {
+    const std::string& a = f.command[i];
+    std::string backend;
+    if (a == "--backend" && i + 1 < f.command.size()) backend = f.command[i + 1];
+    if (a.rfind("--backend=", 0) == 0) backend = a.substr(10);
+    if (!backend.empty() && backend != f.backend) {
+      throw InvalidArgument("launch starts " + f.backend + " processes, but the command asks for --backend " +
+                            backend + ", so the ranks would not join one job. Leave --backend out of the command.");
+    }
+  }
   const std::string exe = self_executable();
   const TempDir rendezvous;
 

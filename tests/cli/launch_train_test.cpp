@@ -345,4 +345,21 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
   EXPECT_NE(missing.last_err_line().find("failed first"), std::string::npos) << missing.err();
 }
 
+// Only commands that join the group are one job; anything else would run N
+// independent copies. Refused before any process starts.
+TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
+  const auto data = make_data_dir("refused");
+  CliRun plan(run_dir("plan"), launch_args(2, {"plan"}));
+  EXPECT_EQ(plan.wait(), 2);
+  EXPECT_NE(plan.err().find("'plan' would run 2 independent copies"), std::string::npos) << plan.err();
+  CliRun threads(run_dir("threads"), launch_args(2, train_args(data, {"--steps", "1", "--backend", "threads"})));
+  EXPECT_EQ(threads.wait(), 2);
+  EXPECT_NE(threads.err().find("the command asks for --backend threads"), std::string::npos) << threads.err();
+  EXPECT_EQ(threads.err().find("lockstep launch: 2 processes"), std::string::npos) << "started:\n" << threads.err();
+  // bench allreduce joins, but --replicas is for in-process replicas only.
+  CliRun bench(run_dir("bench"), launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "8"}));
+  EXPECT_NE(bench.wait(), 0);
+  EXPECT_NE(bench.err().find("--replicas counts in-process replicas"), std::string::npos) << bench.err();
+}
+
 }  // namespace
