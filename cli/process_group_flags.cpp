@@ -39,7 +39,7 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
                  "default: $LOCKSTEP_RENDEZVOUS)");
   cmd.add_option("--bind", f.bind,
                  "Address this rank listens on (gloo; default: loopback for a file rendezvous, else the interface "
-                 "that routes to the rendezvous host; 0.0.0.0 only if given)");
+                 "that routes to the rendezvous host; not a wildcard such as 0.0.0.0, which peers cannot connect to)");
   cmd.add_option("--job-id", f.job_id, "Keeps jobs that share a rendezvous apart");
   cmd.add_option("--secret-file", f.secret_file,
                  "A file readable only by its owner; every rank proves it knows it to every peer (gloo; default: "

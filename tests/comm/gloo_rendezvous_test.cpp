@@ -117,11 +117,13 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsNamedAsSuch) {
   EXPECT_NE(exits[0].log.find("which has exited"), std::string::npos) << contains_msg(exits[0]);
 }
 
-// --bind: a name that does not resolve, and one that resolves to an address
-// that is not this machine's (192.0.2.1 is TEST-NET-1), are told apart. The
+// --bind: a name that does not resolve, one that resolves to an address that
+// is not this machine's (192.0.2.1 is TEST-NET-1), and the wildcard, which
+// peers cannot connect to, are told apart. The
 // rank that fails publishes an abort, so its peer stops too.
 TEST_F(GlooRendezvous, ABindAddressThatIsNotThisMachinesIsNamed) {
-  std::vector<std::pair<std::string, std::string>> cases = {{"no-such-host.invalid", "the name does not resolve"}};
+  std::vector<std::pair<std::string, std::string>> cases = {{"no-such-host.invalid", "the name does not resolve"},
+                                                             {"0.0.0.0", "the wildcard address listens everywhere"}};
   // Where the kernel lets sockets bind to addresses it does not have, 192.0.2.1 would bind.
   int nonlocal_bind = 0;
   std::ifstream("/proc/sys/net/ipv4/ip_nonlocal_bind") >> nonlocal_bind;

@@ -124,6 +124,18 @@ void check_bind_address(const std::string& me, const std::string& bind) {
                                             : "the name does not resolve (";
     throw IoError(head + why + gai_strerror(rv) + ")" + remedy);
   }
+  // Each rank publishes the address it listens on, and peers connect to it:
+  // the wildcard would be published as such, and nobody can connect to it.
+  for (const addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
+    const bool any4 = a->ai_family == AF_INET &&
+                      reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY);
+    const bool any6 = a->ai_family == AF_INET6 &&
+                      IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (any4 || any6) {
+      throw InvalidArgument(head + "the wildcard address listens everywhere but cannot be given to peers to "
+                                   "connect to" + remedy);
+    }
+  }
   int first_errno = 0;
   bool only_not_ours = true;
   for (const addrinfo* a = found.get(); a != nullptr; a = a->ai_next) {
