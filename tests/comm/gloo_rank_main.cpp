@@ -209,6 +209,12 @@ int run(std::map<std::string, std::string>& a) {
       std::vector<float> data(1000, 1.0f);
       comm->isend(0, 7, std::as_bytes(std::span<const float>(data)))->wait(o.timeout);
     }
+  } else if (scenario == "abort") {  // a job that fails after connecting: rank 1 aborts it
+    if (o.rank == 1) {
+      comm->abort("rank 1: failed on purpose (abort test)");
+      throw CommAborted("rank 1: communicator aborted: " + comm->abort_reason());
+    }
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
   } else if (scenario == "time") {  // by hand: median time per all-reduce size, on stderr
     for (std::size_t count :
          {std::size_t{1}, std::size_t{1024}, std::size_t{1} << 18, std::size_t{1} << 20}) {

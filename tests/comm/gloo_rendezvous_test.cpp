@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/gloo/join.h"
 #include "gloo_group.h"
 #include "redis_server.h"
 #include "temp_dir_test.h"
@@ -144,6 +145,50 @@ TEST_F(GlooRendezvous, ABindAddressThatIsNotThisMachinesIsNamed) {
     EXPECT_NE(bound.log.find("cannot listen on '" + bind + "': " + said), std::string::npos)
         << bind << ": " << contains_msg(bound);
   }
+}
+
+// Note [Aborts do not outlive their job]: a job that fails, in the join,
+// while connecting or while training, leaves nothing that stops the next job
+// on the same rendezvous with the same job id. An abort during training is
+// the failed job's alone: the next job starts at once. One during the join
+// or the connect also stops that job's ranks still on their way, so the next
+// job starts once it is kAbortFreshFor old.
+TEST_F(GlooRendezvous, AFailedJobDoesNotStopTheNextOnTheSameRendezvous) {
+  const auto on = [&](const std::string& rdv, int world_size, const std::string& scenario = "allreduce") {
+    return std::vector<std::string>{"--world-size", std::to_string(world_size), "--rendezvous",
+                                    "file:" + (dir_ / rdv).string(), "--scenario", scenario};
+  };
+  const auto next_job_runs = [&](const std::string& rdv, const std::string& after) {
+    GlooGroup group(dir_);
+    group.spawn_all(2, on(rdv, 2));
+    const auto exits = group.wait_all(30s);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(exits[r].code, 0) << "after " << after << ", rank " << r << ":\n" << exits[r].log;
+  };
+  {  // failed while training: rank 1 aborts the group
+    GlooGroup group(dir_);
+    group.spawn_all(2, on("training", 2, "abort"));
+    for (const auto& e : group.wait_all(30s)) {
+      EXPECT_NE(e.code, 0) << contains_msg(e);
+      EXPECT_NE(e.log.find("failed on purpose"), std::string::npos) << contains_msg(e);
+    }
+  }
+  next_job_runs("training", "an aborted job");
+  {
+    GlooGroup group(dir_);
+    // Refused in the join: the ranks disagree on the world size.
+    group.spawn(0, on("join", 2));
+    group.spawn(1, on("join", 3));
+    // Failed while connecting: a bind address peers cannot reach.
+    group.spawn(1, on("connect", 2));
+    auto bad = on("connect", 2);
+    bad.insert(bad.end(), {"--bind", "0.0.0.0"});
+    group.spawn(0, bad);
+    for (const auto& e : group.wait_all(30s)) EXPECT_NE(e.code, 0) << contains_msg(e);
+  }
+  std::this_thread::sleep_for(comm::gloo_backend::kAbortFreshFor + 500ms);
+  next_job_runs("join", "a refused join");
+  next_job_runs("connect", "a failed connect");
 }
 
 TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {

@@ -77,21 +77,28 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   const auto deadline = Clock::now() + o.rendezvous_timeout;
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);
+  // Failing, the join publishes its reason and withdraws this rank's claim itself.
+  gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
+  // From here on the group's aborts go under its session (join.h).
   try {
-    gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
     const std::string bind = !o.bind.empty()     ? o.bind
                              : store->is_redis() ? address_towards(store->host(), store->port())
                                                  : "127.0.0.1";
     mesh->connect(*store, bind, deadline);
   } catch (const TimeoutError&) {
+    gloo_backend::leave(*store, o.rank, o.world_size);
     throw;  // every rank has the same deadline and reports its own timeout, naming who is missing
   } catch (const Error& e) {
     // Any other failure here stops the group now, not at the peers' deadline.
     gloo_backend::publish_abort(*store, e.what());
+    gloo_backend::publish_abort_to_joiners(*store, e.what());
+    gloo_backend::leave(*store, o.rank, o.world_size);
     throw;
   } catch (const std::exception& e) {  // Gloo's own (a pair it cannot create), or out of memory
     const std::string msg = "rank " + std::to_string(o.rank) + ": connecting the group failed: " + e.what();
     gloo_backend::publish_abort(*store, msg);
+    gloo_backend::publish_abort_to_joiners(*store, msg);
+    gloo_backend::leave(*store, o.rank, o.world_size);
     throw CommAborted(msg);
   }
   try {
@@ -99,13 +106,15 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   } catch (const std::exception& e) {
     const std::string msg = e.what();
     gloo_backend::publish_abort(*store, msg);
+    gloo_backend::publish_abort_to_joiners(*store, msg);
     mesh->close_all();
+    gloo_backend::leave(*store, o.rank, o.world_size);
     if (dynamic_cast<const Error*>(&e) != nullptr) throw;
     throw CommAborted("rank " + std::to_string(o.rank) + ": job handshake failed: " + msg);
   }
   // Every peer has completed its handshake with this rank, so it has read
   // this rank's keys: remove them (a later job with the same id starts clean).
-  gloo_backend::leave(*store, o.rank);
+  gloo_backend::leave(*store, o.rank, o.world_size);
   auto comm = std::make_unique<gloo_backend::GlooCommunicator>(std::move(store), std::move(mesh));
   comm->set_timeout(o.timeout);
   return comm;

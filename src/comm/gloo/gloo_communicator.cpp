@@ -81,6 +81,7 @@ bool is_timeout(const std::string& what) {
 GlooCommunicator::GlooCommunicator(std::unique_ptr<RendezvousStore> store, std::shared_ptr<Mesh> mesh)
     : rank_(mesh->rank), size_(mesh->size), store_(std::move(store)), mesh_(std::move(mesh)) {
   watch_store_ = std::make_unique<RendezvousStore>(store_->address(), store_->job_id(), store_->io_timeout());
+  watch_store_->set_session(store_->session());
   watcher_ = std::thread([this] { watch_for_aborts(); });
 }
 

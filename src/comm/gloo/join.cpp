@@ -6,7 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -75,48 +80,150 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-// Both run after a failure, from any thread, and a Redis store writes to its
+namespace {
+
+// An abort's value: the writer's wall-clock time in ms since the epoch, a
+// space, the reason. The time tells an abort of the job being joined from an
+// earlier job's (Note [Aborts do not outlive their job]).
+std::int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Abort {
+  std::string reason;
+  double age_s = 0;
+};
+
+Abort decode_abort(const std::string& value) {
+  const std::size_t space = value.find(' ');
+  char* end = nullptr;
+  const long long t = space == std::string::npos ? 0 : std::strtoll(value.c_str(), &end, 10);
+  if (space == std::string::npos || end != value.c_str() + space) return {value, 0};  // not ours: as is
+  return {value.substr(space + 1), std::max(0.0, double(wall_ms() - t) / 1000.0)};
+}
+
+void write_abort(RendezvousStore& store, const std::string& key, const std::string& reason) noexcept {
+  const ScopedSigpipeBlock no_sigpipe;
+  try {
+    store.set_if_absent(key, std::to_string(wall_ms()) + " " + reason);
+  } catch (...) {  // the store is gone: the peers learn of the abort from their broken connections
+  }
+}
+
+}  // namespace
+
+// All run after a failure, from any thread, and a Redis store writes to its
 // socket (hiredis, no MSG_NOSIGNAL): a lost Redis connection must not kill
 // the process with SIGPIPE before the failure is reported (sigpipe.h).
 void publish_abort(RendezvousStore& store, const std::string& reason) noexcept {
-  const ScopedSigpipeBlock no_sigpipe;
-  try {
-    store.set_if_absent(kAbortKey, reason);
-  } catch (...) {  // the store is gone: the peers learn of the abort from their broken connections
-  }
+  write_abort(store, store.abort_key(), reason);
+}
+
+void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason) noexcept {
+  write_abort(store, "abort", reason);
 }
 
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept {
   const ScopedSigpipeBlock no_sigpipe;
   try {
-    return store.try_get(kAbortKey);
+    const auto value = store.try_get(store.abort_key());
+    if (!value) return std::nullopt;
+    return decode_abort(*value).reason;
   } catch (...) {
     return std::nullopt;
   }
 }
 
 void throw_if_aborted(RendezvousStore& store, int rank) {
-  const auto reason = store.try_get(kAbortKey);
-  if (!reason) return;
+  const auto value = store.try_get(store.abort_key());
+  if (!value) return;
+  const Abort a = decode_abort(*value);
   const std::string prefix = "rank " + std::to_string(rank) + ": ";
-  if (reason->rfind(kRefused, 0) == 0) throw InvalidArgument(prefix + *reason);
-  throw CommAborted(prefix + "the group was aborted during rendezvous: " + *reason);
+  char age[96] = "";
+  if (a.age_s >= 1) {  // perhaps an earlier job's: say when, and what to do
+    std::snprintf(age, sizeof age, " (recorded %.0f s ago; if that was an earlier job, start again after %lld s)",
+                  a.age_s, static_cast<long long>(kAbortFreshFor.count()));
+  }
+  if (a.reason.rfind(kRefused, 0) == 0) throw InvalidArgument(prefix + a.reason + age);
+  throw CommAborted(prefix + "the group was aborted during rendezvous: " + a.reason + age);
 }
 
-void leave(RendezvousStore& store, int rank) {
+namespace {
+
+// True if some rank of [0, world_size) holds a claim. Errors count as claims:
+// nothing is removed on a guess.
+bool any_claim(RendezvousStore& store, int world_size) noexcept {
+  try {
+    for (int i = 0; i < world_size; ++i)
+      if (store.try_get("rank/" + std::to_string(i))) return true;
+    return false;
+  } catch (...) {
+    return true;
+  }
+}
+
+// The last claimant out removes "world_size". The "abort" stays for ranks of
+// the same job still on their way, until it is kAbortFreshFor old.
+void sweep_if_last(RendezvousStore& store, int world_size) noexcept {
+  if (any_claim(store, world_size)) return;
+  store.remove("world_size");
+}
+
+}  // namespace
+
+void leave(RendezvousStore& store, int rank, int world_size) noexcept {
   store.remove("rank/" + std::to_string(rank));
   store.remove("addr/" + std::to_string(rank));
-  if (rank == 0) store.remove("world_size");
+  sweep_if_last(store, world_size);
 }
+
+namespace {
+
+void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                  Clock::time_point deadline, const std::string& nonce);
+
+}  // namespace
 
 void join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
           Clock::time_point deadline) {
+  // An "abort" with no claimant left, older than a job's ranks take to
+  // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
+  if (const auto value = store.try_get("abort")) {
+    if (decode_abort(*value).age_s > double(kAbortFreshFor.count()) && !any_claim(store, world_size)) {
+      store.remove("abort");
+      store.remove("world_size");
+    }
+  }
+  throw_if_aborted(store, rank);
+  const std::string nonce = make_nonce();
+  try {
+    join_claimed(store, rank, world_size, timeout, deadline, nonce);
+  } catch (const std::exception& e) {
+    // Peers waiting in the join stop at once, unless it ran out of time (so
+    // do they) or a refusal already said why (first writer wins).
+    if (dynamic_cast<const TimeoutError*>(&e) == nullptr) publish_abort(store, e.what());
+    const ScopedSigpipeBlock no_sigpipe;
+    const std::string rank_key = "rank/" + std::to_string(rank);
+    try {
+      const auto held = store.try_get(rank_key);
+      if (held && parse(*held).nonce == nonce) store.remove(rank_key);  // ours, not a duplicate's
+    } catch (...) {
+    }
+    sweep_if_last(store, world_size);
+    throw;
+  }
+}
+
+namespace {
+
+void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                  Clock::time_point deadline, const std::string& nonce) {
   const std::string where = "rendezvous " + store.address();
   const std::string me = "rank " + std::to_string(rank);
-  throw_if_aborted(store, rank);
 
   // 1. Claim the rank.
-  const std::string nonce = make_nonce();
   const std::string mine =
       nonce + " " + std::to_string(world_size) + " " + hostname() + " " + std::to_string(::getpid()) + " " +
       pid_space();
@@ -171,7 +278,10 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
       }
       joined[i] = true;
     }
-    if (missing.empty()) return;
+    if (missing.empty()) {
+      store.set_session(parse(*store.try_get("rank/0")).nonce);  // every rank read the same claim
+      return;
+    }
     throw_if_aborted(store, rank);
     if (Clock::now() >= deadline) {
       throw TimeoutError(where + ": " + me + " timed out after " + std::to_string(timeout.count()) +
@@ -182,5 +292,7 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
+
+}  // namespace
 
 }  // namespace lockstep::comm::gloo_backend

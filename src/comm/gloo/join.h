@@ -8,10 +8,22 @@
 //   3. It polls until every "rank/<i>" is there (checking each one's world
 //      size as it appears) or the deadline passes -> TimeoutError listing the
 //      missing ranks by number.
-// A rank refused in 1 or 2 also writes "abort", so the ranks already waiting
-// in 3 are refused at once too instead of timing out. Any later failure of
-// the group writes "abort" as well (first writer wins): a rank whose
-// connection breaks reads it to learn why.
+// A rank refused in 1 or 2 (or failing in them for another reason but a
+// timeout) also writes "abort", so the ranks already waiting in 3 are refused
+// at once too instead of timing out. Once every rank has joined, the group's
+// session is rank 0's nonce, and any later failure writes "abort/<session>"
+// (first writer wins): a rank whose connection breaks reads it to learn why.
+//
+// Note [Aborts do not outlive their job]: a job that fails must not stop the
+// next one that uses the same store and job id. An abort during training
+// goes under the session's own key, which a later job (another rank 0 nonce)
+// never reads. An abort during the join or the connect ("abort") must still
+// stop the ranks of the same job that have not arrived yet, so it stays, but
+// only for kAbortFreshFor: a joiner that finds it older than that, with no
+// claim left, removes it and joins. A rank leaving the join by failure
+// withdraws its claim, and the last claimant to go removes "world_size". A
+// claim of a process that was killed stays, and is refused with the pid
+// that held it. Every abort value carries its writer's wall-clock time.
 #pragma once
 
 #include <chrono>
@@ -24,22 +36,33 @@ namespace lockstep::comm::gloo_backend {
 
 using Clock = std::chrono::steady_clock;
 
-inline constexpr const char* kAbortKey = "abort";
+// How long an abort written during the join or connect stops joiners
+// (Note [Aborts do not outlive their job]).
+inline constexpr std::chrono::seconds kAbortFreshFor{3};
 
-// Joins rank `rank` of `world_size`; returns once every rank has joined.
+// Joins rank `rank` of `world_size`; returns once every rank has joined, with
+// the store's session set. On failure this rank's claim is withdrawn first.
 void join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
           Clock::time_point deadline);
 
-// Best effort: records `reason` as the group's abort reason unless one is there. Never throws.
+// Best effort: records `reason` as the group's abort reason (store.abort_key())
+// unless one is there. Never throws.
 void publish_abort(RendezvousStore& store, const std::string& reason) noexcept;
 // The group's abort reason, if a rank recorded one. Never throws.
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept;
 
-// Once every rank has connected to every other (so all have read them),
-// removes this rank's join keys, so that a later job with the same id and
-// store starts clean. A failed job leaves its keys (the abort reason among
-// them): the next one needs a fresh rendezvous directory or job id.
-void leave(RendezvousStore& store, int rank);
+// A rank that fails after its join also tells the ranks that may still be in
+// theirs ("abort", which they poll; the last claimant out removes it): a peer
+// that never saw this rank's claim before it was withdrawn would otherwise
+// wait for it until its deadline. Never throws.
+void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason) noexcept;
+
+// Removes this rank's join keys (its claim and addresses); the last rank of
+// the group to leave also removes "world_size" and "abort". Called once every
+// rank has connected to every other (so all have read them), and by a rank
+// that fails after the join, so that a later job with the same id and store
+// starts clean. Never throws.
+void leave(RendezvousStore& store, int rank, int world_size) noexcept;
 
 // Throws the rendezvous refusal recorded in the store, if any (InvalidArgument
 // for a refusal during the join, CommAborted for any other abort).

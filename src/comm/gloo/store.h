@@ -50,6 +50,14 @@ class RendezvousStore {
   const std::string& job_id() const { return job_id_; }
   std::chrono::milliseconds io_timeout() const { return io_timeout_; }
 
+  // The group's session, once the join has completed: rank 0's claim nonce,
+  // which every rank read. The group's abort reason lives under abort_key():
+  // "abort" during the join, "abort/<session>" after it, a key no later job
+  // reads (join.h, Note [Aborts do not outlive their job]).
+  void set_session(const std::string& session) { session_ = session; }
+  const std::string& session() const { return session_; }
+  std::string abort_key() const { return session_.empty() ? "abort" : "abort/" + session_; }
+
  private:
   std::string key(const std::string& k) const { return job_id_ + "/" + k; }
 
@@ -59,6 +67,7 @@ class RendezvousStore {
   std::string host_;
   int port_ = 0;
   std::chrono::milliseconds io_timeout_;
+  std::string session_;  // set by the owning thread before other threads use the store
   std::mutex mu_;                                   // guards store_ and redis_client_ (one connection)
   std::unique_ptr<gloo::rendezvous::Store> store_;  // a FileStore, for file:DIR
   std::unique_ptr<RedisClient> redis_client_;        // for redis://
