@@ -28,6 +28,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "peak_flops.h"
 #include "process_group_flags.h"
 
 namespace lockstep::cli {
@@ -67,7 +68,8 @@ std::size_t parse_size(const std::string& s) {
   return bytes;
 }
 
-// Bytes read + written per second by one memcpy per core over 256 MiB.
+// Bytes read + written per second by one memcpy per core over 256 MiB, on
+// every core of the host even in a bound process (peak_flops.h).
 double memcpy_bandwidth() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::size_t per = (256u << 20) / cores;
@@ -75,10 +77,7 @@ double memcpy_bandwidth() {
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    std::vector<std::thread> t;
-    for (int c = 0; c < cores; ++c)
-      t.emplace_back([&, c] { std::memcpy(dst[c].data(), src[c].data(), per); });
-    for (auto& th : t) th.join();
+    run_on_every_core([&](int c) { std::memcpy(dst[c].data(), src[c].data(), per); });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, 2.0 * per * cores / s);
   }

@@ -1,9 +1,20 @@
 #pragma once
 
+#include <functional>
+
 namespace lockstep::cli {
 
 // Peak sgemm FLOP/s of this machine on all cores, measured now: the best of
 // a few 2048^3 OpenBLAS sgemm calls with one BLAS thread per core. Takes ~0.5 s.
+// A process bound to fewer CPUs than the host has (mpirun binds each rank to
+// a core by default) runs one single-threaded sgemm per CPU instead, on
+// threads pinned to every CPU of the host (Note [Measuring all cores from a
+// bound process] in peak_flops.cpp).
 double measure_peak_sgemm_flops();
+
+// Runs body(i) for i in [0, cores) on one thread each, all at once, where
+// `cores` is this host's CPU count; each thread is pinned to CPU i when the
+// process is bound to fewer CPUs than that. Returns `cores`.
+int run_on_every_core(const std::function<void(int)>& body);
 
 }  // namespace lockstep::cli

@@ -151,14 +151,6 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
   }
 }
 
-// Ranks that share this host's cores: LOCAL_WORLD_SIZE (as torchrun and
-// `lockstep launch` set it), else all of them.
-int ranks_per_host(int world_size) {
-  const char* env = std::getenv("LOCAL_WORLD_SIZE");
-  const int local = env != nullptr ? std::atoi(env) : 0;
-  return local >= 1 && local <= world_size ? local : world_size;
-}
-
 class ProgressPrinter {
  public:
   explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) == 1) {}
@@ -271,8 +263,8 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   if (group != nullptr) {
     // Measured now that training is over: at start-up the other ranks would
     // wait for it inside a collective. Peak of the whole job: this host's
-    // times the number of hosts (LOCAL_WORLD_SIZE ranks per host).
-    c.peak_flops = measure_peak_sgemm_flops() * group->size() / ranks_per_host(group->size());
+    // times the number of hosts (train::local_world_size() ranks per host).
+    c.peak_flops = measure_peak_sgemm_flops() * group->size() / train::local_world_size(group->size());
     result.mfu = result.samples_per_s * result.flops_per_sample / c.peak_flops;
   }
 

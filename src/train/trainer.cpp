@@ -279,20 +279,6 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   return res;
 }
 
-// The replicas that share this host's cores in a process group: torchrun's
-// LOCAL_WORLD_SIZE (set by `lockstep launch`), else the whole world.
-int local_world_size(int world_size) {
-  const char* env = std::getenv("LOCAL_WORLD_SIZE");
-  if (env == nullptr || *env == '\0') return world_size;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  if (*end != '\0' || v < 1 || v > world_size) {
-    throw InvalidArgument("LOCAL_WORLD_SIZE must be between 1 and the world size (" +
-                          std::to_string(world_size) + "), got '" + env + "'");
-  }
-  return static_cast<int>(v);
-}
-
 // Every rank's traffic, as train() reports it: one small broadcast per rank,
 // after the run's own bytes were counted.
 std::vector<TrafficBytes> gather_traffic(comm::Communicator& comm, const TrafficBytes& mine) {
@@ -382,6 +368,23 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   TrainResult result = assemble(c, p, outputs);
   result.traffic = gather_traffic(comm, result.traffic[0]);
   return result;
+}
+
+int local_world_size(int world_size) {
+  const char* name = "LOCAL_WORLD_SIZE";
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') {
+    name = "OMPI_COMM_WORLD_LOCAL_SIZE";  // mpirun's
+    env = std::getenv(name);
+  }
+  if (env == nullptr || *env == '\0') return world_size;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (*end != '\0' || v < 1 || v > world_size) {
+    throw InvalidArgument(std::string(name) + " must be between 1 and the world size (" +
+                          std::to_string(world_size) + "), got '" + env + "'");
+  }
+  return static_cast<int>(v);
 }
 
 }  // namespace lockstep::train

@@ -87,6 +87,29 @@ TEST(TrainReplica, EveryRankMatchesTrainBitForBit) {
   }
 }
 
+// The ranks that share this host's cores: torchrun's variable first, then
+// mpirun's, else the whole world; a value outside [1, world] is named.
+TEST(TrainReplica, LocalWorldSizeFromTorchrunOrMpirun) {
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  EXPECT_EQ(local_world_size(4), 4);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  EXPECT_EQ(local_world_size(4), 2);
+  ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(local_world_size(4), 1);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
+  try {
+    local_world_size(4);
+    ADD_FAILURE() << "8 ranks on a host of a world of 4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_SIZE must be between 1 and the world size (4)"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+}
+
 TEST(TrainReplica, RefusesReplicasThatDisagreeWithTheWorldSize) {
   const auto data = synthetic_data(200);
   auto comms = comm::make_thread_group({.world_size = 1});

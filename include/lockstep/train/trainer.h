@@ -236,9 +236,14 @@ TrainResult train(const TrainConfig& config, const data::ImageClassificationData
 // result is the same as train()'s, seen from this rank: `params`, the
 // timeline and the step-time medians are this rank's own; `traffic` holds
 // every rank's (gathered at the end). OpenBLAS threads: the cores are shared
-// by LOCAL_WORLD_SIZE processes (default: the world size). A failure on this
+// by local_world_size() processes. A failure on this
 // rank aborts the group with its reason, so the other ranks stop at once.
 TrainResult train_replica(const TrainConfig& config, const data::ImageClassificationData& data,
                           comm::Communicator& comm, const TrainHooks& hooks = {});
+
+// The ranks of a process group that share this host's cores: LOCAL_WORLD_SIZE
+// (torchrun, `lockstep launch`), else OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),
+// else the whole world. Throws InvalidArgument for a value outside [1, world].
+int local_world_size(int world_size);
 
 }  // namespace lockstep::train

@@ -1,0 +1,46 @@
+// run_on_every_core (cli/peak_flops.h): in a process bound to one CPU, as
+// mpirun binds its ranks, the measuring threads still cover every CPU of the
+// host (Note [Measuring all cores from a bound process]).
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "peak_flops.h"
+
+namespace lockstep::cli {
+namespace {
+
+TEST(EveryCore, ABoundProcessStillMeasuresEveryCpuOfTheHost) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores < 2) GTEST_SKIP() << "one CPU: nothing to spread over";
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  // Bound as mpirun binds a rank, on a thread of our own so the test's
+  // main thread keeps its mask; the measuring threads inherit this one.
+  std::set<int> seen;
+  std::mutex mu;
+  std::thread bound([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    EXPECT_EQ(run_on_every_core([&](int i) {
+                cpu_set_t mine;
+                CPU_ZERO(&mine);
+                sched_getaffinity(0, sizeof mine, &mine);
+                std::lock_guard lock(mu);
+                EXPECT_EQ(CPU_COUNT(&mine), 1) << "thread " << i;
+                EXPECT_TRUE(CPU_ISSET(i, &mine)) << "thread " << i << " is not on CPU " << i;
+                seen.insert(i);
+              }),
+              cores);
+  });
+  bound.join();
+  EXPECT_EQ(static_cast<int>(seen.size()), cores);
+}
+
+}  // namespace
+}  // namespace lockstep::cli
