@@ -9,7 +9,9 @@
 #include <openssl/rand.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -62,11 +64,18 @@ void exchange(Mesh& mesh, std::uint64_t slot, std::vector<Bytes32>& ours, std::v
     sends[i] = mesh.createUnboundBuffer(ours[i].data(), ours[i].size());
     sends[i]->send(i, slot);
   }
+  // One deadline for all peers: waited one after another, each with the
+  // whole timeout, N-1 slow peers could stretch the handshake N-1 times.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
   for (int i = 0; i < n; ++i) {
     if (i == r) continue;
     const std::string peer = "rank " + std::to_string(i) + " at " + mesh.peer_address(i);
     try {
-      if (!recvs[i]->waitRecv(nullptr, timeout) || !sends[i]->waitSend(nullptr, timeout)) {
+      if (!recvs[i]->waitRecv(nullptr, left()) || !sends[i]->waitSend(nullptr, left())) {
         throw CommAborted("rank " + std::to_string(r) + ": handshake with " + peer + " aborted");
       }
     } catch (const gloo::Exception& e) {

@@ -228,6 +228,13 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     if (i == rank) continue;
     const Address published(theirs[i][rank]);
     peer_addresses_[i] = published.str();
+    // Each pair waits up to the time that was left when the pairs were made;
+    // connected one after another, they must not add up past the deadline.
+    if (Clock::now() >= deadline) {
+      close_all();
+      throw TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
+                         std::to_string(i) + " at " + peer_addresses_[i] + " (and the ranks after it)");
+    }
     try {
       transportContext_->getPair(i)->connect(theirs[i][rank]);
     } catch (const std::exception& e) {
