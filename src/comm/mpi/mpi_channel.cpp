@@ -10,9 +10,34 @@
 
 namespace lockstep::comm::detail {
 
-MpiChannel::MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent) : session_(std::move(session)) {
+MpiChannel::MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent, std::chrono::milliseconds timeout)
+    : session_(std::move(session)) {
+  {
+    // MPI_Comm_dup would wait for every rank with no deadline.
+    MPI_Request request = MPI_REQUEST_NULL;
+    int parent_rank = 0;
+    {
+      auto lock = session_->lock();
+      MPI_Comm_rank(parent, &parent_rank);
+      check_mpi(MPI_Comm_idup(parent, &comm_, &request), "MPI_Comm_idup");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int done = 0; !done;) {
+      {
+        auto lock = session_->lock();
+        check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      }
+      if (done) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        session_->mark_failed();  // Note [MPI_Finalize after a failure]
+        throw TimeoutError("rank " + std::to_string(parent_rank) + ": connecting over MPI timed out after " +
+                           std::to_string(timeout.count()) +
+                           " ms duplicating the communicator (a rank did not connect)");
+      }
+      std::this_thread::yield();  // a nonblocking collective advances only inside MPI calls
+    }
+  }
   auto lock = session_->lock();
-  check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
   // Errors come back as codes (turned into exceptions), never kill the process.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);

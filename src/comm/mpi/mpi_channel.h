@@ -39,6 +39,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,9 +51,10 @@ namespace lockstep::comm::detail {
 
 class MpiChannel {
  public:
-  // Duplicates `parent` (collective over its ranks) and posts the receive
-  // for abort notices.
-  MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent);
+  // Duplicates `parent` (collective over its ranks: MPI_Comm_idup, polled,
+  // so a rank that never connects fails it with TimeoutError after
+  // `timeout`) and posts the receive for abort notices.
+  MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent, std::chrono::milliseconds timeout);
   ~MpiChannel();  // cancels what it can, frees the communicator unless aborted; never throws
   MpiChannel(const MpiChannel&) = delete;
   MpiChannel& operator=(const MpiChannel&) = delete;

@@ -199,7 +199,8 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
 std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
   auto session = detail::MpiSession::acquire();
   session->note_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
-  auto channel = std::make_shared<MpiChannel>(std::move(session), MPI_COMM_WORLD);
+  auto channel = std::make_shared<MpiChannel>(std::move(session), MPI_COMM_WORLD,
+                                              std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
   const int rank = channel->rank(), size = channel->size();
   // A refusal aborts the channel, so this process will not wait in
   // MPI_Finalize for peers that wait for it (Note [MPI_Finalize after a
