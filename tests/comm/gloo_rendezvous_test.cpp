@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -189,6 +191,26 @@ TEST_F(GlooRendezvous, AFailedJobDoesNotStopTheNextOnTheSameRendezvous) {
   std::this_thread::sleep_for(comm::gloo_backend::kAbortFreshFor + 500ms);
   next_job_runs("join", "a refused join");
   next_job_runs("connect", "a failed connect");
+}
+
+// A file rendezvous on a filesystem shared by several hosts: the default
+// bind (loopback) cannot reach another host, so every rank says so instead
+// of connecting to itself. The second "host" is a UTS namespace with a host
+// name of its own (needs root; skipped otherwise).
+TEST_F(GlooRendezvous, AFileRendezvousAcrossHostsNeedsBind) {
+  if (::geteuid() != 0 || std::system("unshare --uts true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "unshare --uts needs root";
+  }
+  GlooGroup group(dir_);
+  std::string line = std::string("hostname lockstep-other-host && exec ") + LOCKSTEP_GLOO_RANK + " --rank 1";
+  for (const auto& a : args(2)) line += " '" + a + "'";
+  group.spawn(0, args(2));
+  group.spawn_program({"/usr/bin/unshare", "--uts", "/bin/sh", "-c", line}, "other_host.log");
+  for (const auto& e : group.wait_all(30s)) {
+    EXPECT_NE(e.code, 0) << contains_msg(e);
+    EXPECT_NE(e.log.find("share a file rendezvous, which listens on loopback unless told"), std::string::npos)
+        << contains_msg(e);
+  }
 }
 
 TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {

@@ -78,9 +78,21 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);
   // Failing, the join publishes its reason and withdraws this rank's claim itself.
-  gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
+  const std::vector<std::string> hosts =
+      gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
   // From here on the group's aborts go under its session (join.h).
   try {
+    // A file rendezvous binds loopback by default, which ranks on other hosts
+    // (a shared filesystem) cannot reach: they would connect to themselves.
+    if (o.bind.empty() && !store->is_redis()) {
+      for (int i = 0; i < o.world_size; ++i) {
+        if (hosts[i] == hosts[o.rank]) continue;
+        throw InvalidArgument("rank " + std::to_string(o.rank) + ": ranks on several hosts (" + hosts[o.rank] +
+                              ", and " + hosts[i] + " for rank " + std::to_string(i) +
+                              ") share a file rendezvous, which listens on loopback unless told: give every "
+                              "rank --bind with its host's address, or use redis://HOST:PORT");
+      }
+    }
     const std::string bind = !o.bind.empty()     ? o.bind
                              : store->is_redis() ? address_towards(store->host(), store->port())
                                                  : "127.0.0.1";

@@ -181,13 +181,14 @@ void leave(RendezvousStore& store, int rank, int world_size) noexcept {
 
 namespace {
 
-void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                  Clock::time_point deadline, const std::string& nonce);
+std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int world_size,
+                                      std::chrono::milliseconds timeout, Clock::time_point deadline,
+                                      const std::string& nonce);
 
 }  // namespace
 
-void join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-          Clock::time_point deadline) {
+std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                              Clock::time_point deadline) {
   // An "abort" with no claimant left, older than a job's ranks take to
   // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
   if (const auto value = store.try_get("abort")) {
@@ -199,7 +200,7 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
   throw_if_aborted(store, rank);
   const std::string nonce = make_nonce();
   try {
-    join_claimed(store, rank, world_size, timeout, deadline, nonce);
+    return join_claimed(store, rank, world_size, timeout, deadline, nonce);
   } catch (const std::exception& e) {
     // Peers waiting in the join stop at once, unless it ran out of time (so
     // do they) or a refusal already said why (first writer wins).
@@ -218,8 +219,9 @@ void join(RendezvousStore& store, int rank, int world_size, std::chrono::millise
 
 namespace {
 
-void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                  Clock::time_point deadline, const std::string& nonce) {
+std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int world_size,
+                                      std::chrono::milliseconds timeout, Clock::time_point deadline,
+                                      const std::string& nonce) {
   const std::string where = "rendezvous " + store.address();
   const std::string me = "rank " + std::to_string(rank);
 
@@ -261,6 +263,7 @@ void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono:
 
   // 3. Wait for everyone.
   std::vector<bool> joined(world_size, false);
+  std::vector<std::string> hosts(world_size);
   for (;;) {
     std::vector<int> missing;
     for (int i = 0; i < world_size; ++i) {
@@ -277,10 +280,11 @@ void join_claimed(RendezvousStore& store, int rank, int world_size, std::chrono:
                           std::to_string(world_size));
       }
       joined[i] = true;
+      hosts[i] = other.host;
     }
     if (missing.empty()) {
       store.set_session(parse(*store.try_get("rank/0")).nonce);  // every rank read the same claim
-      return;
+      return hosts;
     }
     throw_if_aborted(store, rank);
     if (Clock::now() >= deadline) {

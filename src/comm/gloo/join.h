@@ -29,6 +29,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "store.h"
 
@@ -41,9 +42,10 @@ using Clock = std::chrono::steady_clock;
 inline constexpr std::chrono::seconds kAbortFreshFor{3};
 
 // Joins rank `rank` of `world_size`; returns once every rank has joined, with
-// the store's session set. On failure this rank's claim is withdrawn first.
-void join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-          Clock::time_point deadline);
+// the store's session set, each rank's host name (by rank). On failure this
+// rank's claim is withdrawn first.
+std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                              Clock::time_point deadline);
 
 // Best effort: records `reason` as the group's abort reason (store.abort_key())
 // unless one is there. Never throws.
