@@ -67,7 +67,9 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
   };
   if (interruptible && aborted_flag.load()) throw aborted_error();
   const auto n = static_cast<std::uint64_t>(size());
-  const std::uint64_t entered = barriers_entered[rank].fetch_add(1, std::memory_order_relaxed) + 1;
+  // Only this rank writes its count: a plain store, no locked instruction.
+  const std::uint64_t entered = barriers_entered[rank].load(std::memory_order_relaxed) + 1;
+  barriers_entered[rank].store(entered, std::memory_order_relaxed);
   std::uint64_t state = barrier_state.fetch_add(1, std::memory_order_acq_rel) + 1;
   const std::uint64_t generation = state >> 32;
   // The last to arrive completes the barrier, unless someone withdrew meanwhile.
