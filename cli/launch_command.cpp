@@ -143,6 +143,7 @@ int run_launch(const LaunchFlags& f) {
   SupervisorOptions options;
   options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.grace_s * 1000)));
   options.consequence_exit_code = kExitAbortedByPeer;
+  options.plain_stdout = 0;  // rank 0 prints the results: as is, so that --json output parses
   options.on_started = [&](int, pid_t pid) {
     pids.push_back(pid);
     if (static_cast<int>(pids.size()) != f.nproc) return;

@@ -270,7 +270,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       setpgid(pid, group);  // also here: whichever runs first, the child is in the group before we signal it
       if (group == 0) group = pid;
       children[i].pid = pid;
-      children[i].out = std::make_unique<LineRelay>(out.read, STDOUT_FILENO, "[" + specs[i].label + "] ");
+      children[i].out = std::make_unique<LineRelay>(
+          out.read, STDOUT_FILENO, static_cast<int>(i) == options.plain_stdout ? "" : "[" + specs[i].label + "] ");
       children[i].err = std::make_unique<LineRelay>(err.read, STDERR_FILENO, "[" + specs[i].label + "] ");
       if (options.on_started) options.on_started(static_cast<int>(i), pid);
     }

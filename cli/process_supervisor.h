@@ -61,6 +61,10 @@ struct SupervisorOptions {
   int consequence_exit_code = -1;
   // Called once per child as it starts (e.g. to print its pid).
   std::function<void(int index, pid_t pid)> on_started;
+  // The child whose stdout is relayed as is, without the "[label] " prefix
+  // (lockstep launch: rank 0, the only rank that prints results, so that
+  // `launch ... --json > out.json` is JSON); -1: every line is prefixed.
+  int plain_stdout = -1;
 };
 
 struct SupervisorResult {

@@ -59,7 +59,9 @@ struct Captured {
 
 // Runs supervise() with this process's stdout and stderr sent to files.
 Captured run(const std::vector<ChildSpec>& children, SupervisorOptions options = {}) {
-  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / "supervisor";
+  // Per process: CTest runs these tests in parallel, and two of them writing
+  // the same files read each other's output (NUL bytes, lines of another test).
+  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / ("supervisor_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::fflush(stdout);
   std::fflush(stderr);
@@ -85,6 +87,7 @@ Captured run(const std::vector<ChildSpec>& children, SupervisorOptions options =
   std::fclose(err);
   c.out = read_file(dir / "out");
   c.err = read_file(dir / "err");
+  fs::remove_all(dir);
   return c;
 }
 
@@ -103,6 +106,19 @@ TEST(Supervisor, RelaysWholePrefixedLinesWithStdoutAndStderrApart) {
   // Every line carries a prefix: nothing was cut or mixed.
   std::istringstream lines(c.out + c.err);
   for (std::string line; std::getline(lines, line);) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
+}
+
+// launch relays rank 0's stdout (the results) as is, so that JSON parses;
+// its stderr and the other ranks' output keep their prefix.
+TEST(Supervisor, OneChildsStdoutCanBeRelayedWithoutThePrefix) {
+  SupervisorOptions options;
+  options.plain_stdout = 0;
+  const auto c = run({sh("rank 0", "echo '{\"a\": 1}'; echo log >&2"), sh("rank 1", "echo one")}, options);
+  EXPECT_TRUE(c.result.ok());
+  EXPECT_NE(c.out.find("{\"a\": 1}\n"), std::string::npos) << c.out;
+  EXPECT_EQ(c.out.find("[rank 0]"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("[rank 1] one\n"), std::string::npos) << c.out;
+  EXPECT_NE(c.err.find("[rank 0] log\n"), std::string::npos) << c.err;
 }
 
 TEST(Supervisor, ManyLinesFromManyChildrenNeverMix) {
