@@ -78,10 +78,6 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-}  // namespace
-
-namespace {
-
 // An abort's value: the writer's wall-clock time in ms since the epoch, a
 // space, the reason. The time tells an abort of the job being joined from an
 // earlier job's (Note [Aborts do not outlive their job]).
@@ -110,6 +106,25 @@ void write_abort(RendezvousStore& store, const std::string& key, const std::stri
     store.set_if_absent(key, std::to_string(wall_ms()) + " " + reason);
   } catch (...) {  // the store is gone: the peers learn of the abort from their broken connections
   }
+}
+
+// True if some rank of [0, world_size) holds a claim. Errors count as claims:
+// nothing is removed on a guess.
+bool any_claim(RendezvousStore& store, int world_size) noexcept {
+  try {
+    for (int i = 0; i < world_size; ++i)
+      if (store.try_get("rank/" + std::to_string(i))) return true;
+    return false;
+  } catch (...) {
+    return true;
+  }
+}
+
+// The last claimant out removes "world_size". The "abort" stays for ranks of
+// the same job still on their way, until it is kAbortFreshFor old.
+void sweep_if_last(RendezvousStore& store, int world_size) noexcept {
+  if (any_claim(store, world_size)) return;
+  store.remove("world_size");
 }
 
 }  // namespace
@@ -150,71 +165,10 @@ void throw_if_aborted(RendezvousStore& store, int rank) {
   throw CommAborted(prefix + "the group was aborted during rendezvous: " + a.reason + age);
 }
 
-namespace {
-
-// True if some rank of [0, world_size) holds a claim. Errors count as claims:
-// nothing is removed on a guess.
-bool any_claim(RendezvousStore& store, int world_size) noexcept {
-  try {
-    for (int i = 0; i < world_size; ++i)
-      if (store.try_get("rank/" + std::to_string(i))) return true;
-    return false;
-  } catch (...) {
-    return true;
-  }
-}
-
-// The last claimant out removes "world_size". The "abort" stays for ranks of
-// the same job still on their way, until it is kAbortFreshFor old.
-void sweep_if_last(RendezvousStore& store, int world_size) noexcept {
-  if (any_claim(store, world_size)) return;
-  store.remove("world_size");
-}
-
-}  // namespace
-
 void leave(RendezvousStore& store, int rank, int world_size) noexcept {
   store.remove("rank/" + std::to_string(rank));
   store.remove("addr/" + std::to_string(rank));
   sweep_if_last(store, world_size);
-}
-
-namespace {
-
-std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int world_size,
-                                      std::chrono::milliseconds timeout, Clock::time_point deadline,
-                                      const std::string& nonce);
-
-}  // namespace
-
-std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                              Clock::time_point deadline) {
-  // An "abort" with no claimant left, older than a job's ranks take to
-  // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
-  if (const auto value = store.try_get("abort")) {
-    if (decode_abort(*value).age_s > double(kAbortFreshFor.count()) && !any_claim(store, world_size)) {
-      store.remove("abort");
-      store.remove("world_size");
-    }
-  }
-  throw_if_aborted(store, rank);
-  const std::string nonce = make_nonce();
-  try {
-    return join_claimed(store, rank, world_size, timeout, deadline, nonce);
-  } catch (const std::exception& e) {
-    // Peers waiting in the join stop at once, unless it ran out of time (so
-    // do they) or a refusal already said why (first writer wins).
-    if (dynamic_cast<const TimeoutError*>(&e) == nullptr) publish_abort(store, e.what());
-    const ScopedSigpipeBlock no_sigpipe;
-    const std::string rank_key = "rank/" + std::to_string(rank);
-    try {
-      const auto held = store.try_get(rank_key);
-      if (held && parse(*held).nonce == nonce) store.remove(rank_key);  // ours, not a duplicate's
-    } catch (...) {
-    }
-    sweep_if_last(store, world_size);
-    throw;
-  }
 }
 
 namespace {
@@ -298,5 +252,35 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
 }
 
 }  // namespace
+
+std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                              Clock::time_point deadline) {
+  // An "abort" with no claimant left, older than a job's ranks take to
+  // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
+  if (const auto value = store.try_get("abort")) {
+    if (decode_abort(*value).age_s > double(kAbortFreshFor.count()) && !any_claim(store, world_size)) {
+      store.remove("abort");
+      store.remove("world_size");
+    }
+  }
+  throw_if_aborted(store, rank);
+  const std::string nonce = make_nonce();
+  try {
+    return join_claimed(store, rank, world_size, timeout, deadline, nonce);
+  } catch (const std::exception& e) {
+    // Peers waiting in the join stop at once, unless it ran out of time (so
+    // do they) or a refusal already said why (first writer wins).
+    if (dynamic_cast<const TimeoutError*>(&e) == nullptr) publish_abort(store, e.what());
+    const ScopedSigpipeBlock no_sigpipe;
+    const std::string rank_key = "rank/" + std::to_string(rank);
+    try {
+      const auto held = store.try_get(rank_key);
+      if (held && parse(*held).nonce == nonce) store.remove(rank_key);  // ours, not a duplicate's
+    } catch (...) {
+    }
+    sweep_if_last(store, world_size);
+    throw;
+  }
+}
 
 }  // namespace lockstep::comm::gloo_backend
