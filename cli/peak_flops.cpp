@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,9 +17,30 @@
 namespace lockstep::cli {
 namespace {
 
-int host_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+// The CPUs this process could be given: the cgroup's effective cpuset (a
+// container's hard limit, "0-3,8"), else every online CPU. mpirun's binding
+// is a narrower affinity mask inside it, which a thread may widen.
+std::vector<int> usable_cpus() {
+  std::vector<int> cpus;
+  std::ifstream in("/sys/fs/cgroup/cpuset.cpus.effective");
+  std::string list, range;
+  if (in >> list) {
+    std::istringstream ranges(list);
+    while (std::getline(ranges, range, ',')) {
+      const auto dash = range.find('-');
+      const int lo = std::atoi(range.c_str()), hi = dash == std::string::npos ? lo : std::atoi(range.c_str() + dash + 1);
+      for (int c = lo; c <= hi && c < CPU_SETSIZE; ++c) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cpus.push_back(int(c));
+  }
+  return cpus;
+}
 
-// True if this process may run on fewer CPUs than the host has.
+int host_cores() { return static_cast<int>(usable_cpus().size()); }
+
+// True if this process may run on fewer CPUs than it could be given.
 bool bound_narrower_than_host() {
   cpu_set_t mask;
   CPU_ZERO(&mask);
@@ -32,7 +57,8 @@ bool bound_narrower_than_host() {
 // measured 0.52 bound against 0.34 with --bind-to none, same host). Threads
 // that set their own mask to one CPU each of the host measure the host.
 int run_on_every_core(const std::function<void(int)>& body) {
-  const int cores = host_cores();
+  const std::vector<int> cpus = usable_cpus();
+  const int cores = static_cast<int>(cpus.size());
   const bool pin = bound_narrower_than_host();
   std::vector<std::thread> threads;
   for (int c = 0; c < cores; ++c) {
@@ -40,7 +66,7 @@ int run_on_every_core(const std::function<void(int)>& body) {
       if (pin) {
         cpu_set_t one;
         CPU_ZERO(&one);
-        CPU_SET(c, &one);
+        CPU_SET(cpus[c], &one);
         pthread_setaffinity_np(pthread_self(), sizeof one, &one);  // best effort: a cpuset may refuse
       }
       body(c);
@@ -65,14 +91,14 @@ double measure_peak_sgemm_flops() {
     }
   } else {  // Note [Measuring all cores from a bound process]
     const int cores = host_cores();
-    std::vector<std::vector<float>> a(cores, std::vector<float>(n * n, 0.5f)),
-        b(cores, std::vector<float>(n * n, 0.25f)), c(cores, std::vector<float>(n * n));
+    // One A and B, read by every thread; a C each.
+    const std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f);
+    std::vector<std::vector<float>> c(cores, std::vector<float>(n * n));
     nn::set_blas_threads(1);
     for (int rep = 0; rep < 3; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
       run_on_every_core([&](int i) {
-        nn::sgemm(nn::Trans::No, nn::Trans::No, n, n, n, 1.0f, a[i].data(), n, b[i].data(), n, 0.0f,
-                  c[i].data(), n);
+        nn::sgemm(nn::Trans::No, nn::Trans::No, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c[i].data(), n);
       });
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       best = std::max(best, 2.0 * n * n * n * cores / s);

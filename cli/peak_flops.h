@@ -13,8 +13,9 @@ namespace lockstep::cli {
 double measure_peak_sgemm_flops();
 
 // Runs body(i) for i in [0, cores) on one thread each, all at once, where
-// `cores` is this host's CPU count; each thread is pinned to CPU i when the
-// process is bound to fewer CPUs than that. Returns `cores`.
+// `cores` counts the CPUs this process could be given (the cgroup's cpuset,
+// else every online CPU); when the process is bound to fewer, thread i is
+// pinned to the i-th of them. Returns `cores`.
 int run_on_every_core(const std::function<void(int)>& body);
 
 }  // namespace lockstep::cli

@@ -107,8 +107,8 @@ TEST_F(GlooStore, ARedisServerThatNeverAnswersFailsEveryCallWithinTheTimeout) {
     EXPECT_NE(std::string(e.what()).find("did not answer within 300 ms"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(address), std::string::npos) << e.what();
   }
-  EXPECT_THROW(store.try_get("k"), IoError);  // at once: the connection is dead
-  store.remove("k");                          // never throws, never blocks
+  EXPECT_THROW(store.try_get("k"), IoError);  // a new connection, just as silent
+  store.remove("k");                          // never throws; blocks at most the timeout
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "blocked past the timeout";
   ::close(fd);
 }

@@ -157,9 +157,8 @@ void throw_if_aborted(RendezvousStore& store, int rank) {
   const Abort a = decode_abort(*value);
   const std::string prefix = "rank " + std::to_string(rank) + ": ";
   char age[96] = "";
-  if (a.age_s >= 1) {  // perhaps an earlier job's: say when, and what to do
-    std::snprintf(age, sizeof age, " (recorded %.0f s ago; if that was an earlier job, start again after %lld s)",
-                  a.age_s, static_cast<long long>(kAbortFreshFor.count()));
+  if (a.age_s >= 1) {  // perhaps an earlier job's: say when
+    std::snprintf(age, sizeof age, " (recorded %.0f s ago)", a.age_s);
   }
   if (a.reason.rfind(kRefused, 0) == 0) throw InvalidArgument(prefix + a.reason + age);
   throw CommAborted(prefix + "the group was aborted during rendezvous: " + a.reason + age);
@@ -217,7 +216,7 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
 
   // 3. Wait for everyone.
   std::vector<bool> joined(world_size, false);
-  std::vector<std::string> hosts(world_size);
+  std::vector<std::string> hosts(world_size), nonces(world_size);
   for (;;) {
     std::vector<int> missing;
     for (int i = 0; i < world_size; ++i) {
@@ -235,9 +234,18 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
       }
       joined[i] = true;
       hosts[i] = other.host;
+      nonces[i] = other.nonce;
     }
     if (missing.empty()) {
-      store.set_session(parse(*store.try_get("rank/0")).nonce);  // every rank read the same claim
+      // A rank that failed meanwhile withdrew its claim (or another process
+      // took the rank): everyone must still be there, as seen, to go on.
+      for (int i = 0; i < world_size; ++i) {
+        const auto v = store.try_get("rank/" + std::to_string(i));
+        if (!v || parse(*v).nonce != nonces[i]) joined[i] = false, missing.push_back(i);
+      }
+    }
+    if (missing.empty()) {
+      store.set_session(nonces[0]);  // every rank read the same claim of rank 0
       return hosts;
     }
     throw_if_aborted(store, rank);

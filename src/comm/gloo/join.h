@@ -60,7 +60,8 @@ std::optional<std::string> read_abort(RendezvousStore& store) noexcept;
 void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason) noexcept;
 
 // Removes this rank's join keys (its claim and addresses); the last rank of
-// the group to leave also removes "world_size" and "abort". Called once every
+// the group to leave also removes "world_size" ("abort" stays until it is
+// kAbortFreshFor old: Note [Aborts do not outlive their job]). Called once every
 // rank has connected to every other (so all have read them), and by a rank
 // that fails after the join, so that a later job with the same id and store
 // starts clean. Never throws.

@@ -230,8 +230,9 @@ bool RendezvousStore::set_if_absent(const std::string& k, const std::string& val
     }
   }
   try {
-    return redis_client_->set_if_absent(key(k), value);
+    return redis().set_if_absent(key(k), value);
   } catch (const IoError& e) {
+    redis_client_.reset();  // dead after a timeout: the next call connects again
     throw IoError("rendezvous " + address_ + ": cannot set " + key(k) + ": " + e.what());
   }
 }
@@ -246,8 +247,9 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
     }
   }
   try {
-    return redis_client_->get(key(k));
+    return redis().get(key(k));
   } catch (const IoError& e) {
+    redis_client_.reset();  // dead after a timeout: the next call connects again
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
   }
 }
@@ -255,9 +257,15 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
 void RendezvousStore::remove(const std::string& k) noexcept {
   std::lock_guard lock(mu_);
   try {
-    redis_ ? redis_client_->remove(key(k)) : static_cast<ProbingFileStore&>(*store_).remove(key(k));
+    redis_ ? redis().remove(key(k)) : static_cast<ProbingFileStore&>(*store_).remove(key(k));
   } catch (...) {  // best effort: a key left behind only matters to a later job with the same id
+    if (redis_) redis_client_.reset();
   }
+}
+
+RedisClient& RendezvousStore::redis() {
+  if (!redis_client_) redis_client_ = std::make_unique<RedisClient>(host_, port_, io_timeout_);
+  return *redis_client_;
 }
 
 }  // namespace lockstep::comm::gloo_backend

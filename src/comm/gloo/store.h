@@ -2,7 +2,7 @@
 // FileStore for "file:DIR" and a hiredis connection for "redis://HOST:PORT",
 // with the two operations the join protocol needs and no blocking call
 // without a deadline (a Redis call that gets no answer within `io_timeout`
-// throws IoError).
+// throws IoError; the next call connects again).
 //
 // Every key is prefixed with the job id, so jobs that share a store stay apart.
 // Thread-safety: all methods may be called from any thread (one mutex).
@@ -60,6 +60,8 @@ class RendezvousStore {
 
  private:
   std::string key(const std::string& k) const { return job_id_ + "/" + k; }
+  // The Redis connection, made again after one died (a command timed out).
+  RedisClient& redis();
 
   std::string address_;
   std::string job_id_;
