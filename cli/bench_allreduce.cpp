@@ -71,7 +71,7 @@ std::size_t parse_size(const std::string& s) {
 // Bytes read + written per second by one memcpy per core over 256 MiB, on
 // every core of the host even in a bound process (peak_flops.h).
 double memcpy_bandwidth() {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = host_cores();  // as many as run_on_every_core runs
   const std::size_t per = (256u << 20) / cores;
   std::vector<std::vector<char>> src(cores, std::vector<char>(per, 1)), dst(cores, std::vector<char>(per, 2));
   double best = 0;

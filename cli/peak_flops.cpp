@@ -38,17 +38,17 @@ std::vector<int> usable_cpus() {
   return cpus;
 }
 
-int host_cores() { return static_cast<int>(usable_cpus().size()); }
-
-// True if this process may run on fewer CPUs than it could be given.
-bool bound_narrower_than_host() {
+// True if this process may run on fewer than `cores` CPUs.
+bool bound_narrower_than(int cores) {
   cpu_set_t mask;
   CPU_ZERO(&mask);
   if (sched_getaffinity(0, sizeof mask, &mask) != 0) return false;
-  return CPU_COUNT(&mask) < host_cores();
+  return CPU_COUNT(&mask) < cores;
 }
 
 }  // namespace
+
+int host_cores() { return static_cast<int>(usable_cpus().size()); }
 
 // Note [Measuring all cores from a bound process]: the MFU and the memcpy
 // bandwidth are against the whole host. A thread inherits its creator's
@@ -59,7 +59,7 @@ bool bound_narrower_than_host() {
 int run_on_every_core(const std::function<void(int)>& body) {
   const std::vector<int> cpus = usable_cpus();
   const int cores = static_cast<int>(cpus.size());
-  const bool pin = bound_narrower_than_host();
+  const bool pin = bound_narrower_than(cores);
   std::vector<std::thread> threads;
   for (int c = 0; c < cores; ++c) {
     threads.emplace_back([&, c] {
@@ -79,10 +79,11 @@ int run_on_every_core(const std::function<void(int)>& body) {
 double measure_peak_sgemm_flops() {
   const std::int64_t n = 2048;
   const int previous = nn::blas_threads();
+  const int cores = host_cores();
   double best = 0;
-  if (!bound_narrower_than_host()) {
+  if (!bound_narrower_than(cores)) {
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-    nn::set_blas_threads(host_cores());
+    nn::set_blas_threads(cores);
     for (int rep = 0; rep < 4; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
       nn::sgemm(nn::Trans::No, nn::Trans::No, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
@@ -90,7 +91,6 @@ double measure_peak_sgemm_flops() {
       best = std::max(best, 2.0 * n * n * n / s);
     }
   } else {  // Note [Measuring all cores from a bound process]
-    const int cores = host_cores();
     // One A and B, read by every thread; a C each.
     const std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f);
     std::vector<std::vector<float>> c(cores, std::vector<float>(n * n));

@@ -12,6 +12,10 @@ namespace lockstep::cli {
 // bound process] in peak_flops.cpp).
 double measure_peak_sgemm_flops();
 
+// The CPUs this process could be given: the cgroup's cpuset, else every
+// online CPU. The "all cores" of the peak and of the memcpy bandwidth.
+int host_cores();
+
 // Runs body(i) for i in [0, cores) on one thread each, all at once, where
 // `cores` counts the CPUs this process could be given (the cgroup's cpuset,
 // else every online CPU); when the process is bound to fewer, thread i is

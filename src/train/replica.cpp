@@ -377,39 +377,29 @@ namespace lockstep::train::detail {
 StepTimes median_times(std::span<const StepSample> samples) {
   StepTimes t;
   if (samples.empty()) return t;
-  auto median = [&](auto field) {
+  // The median of field(s) over the samples where keep(s); NaN if there are none.
+  auto median = [&](auto field, auto keep) {
     std::vector<double> v;
-    for (const auto& s : samples) v.push_back(field(s));
+    for (const auto& s : samples)
+      if (keep(s)) v.push_back(field(s));
+    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
     return v[v.size() / 2];
   };
-  t.step_ms = median([](const StepSample& s) { return s.step; });
-  t.compute_ms = median([](const StepSample& s) { return s.compute; });
-  t.comm_ms = median([](const StepSample& s) { return s.comm; });
-  t.exposed_comm_ms = median([](const StepSample& s) { return s.exposed; });
-  std::vector<double> checks;
-  for (const auto& s : samples)
-    if (s.check > 0) checks.push_back(s.check);
-  if (!checks.empty()) {
-    std::nth_element(checks.begin(), checks.begin() + checks.size() / 2, checks.end());
-    t.check_ms = checks[checks.size() / 2];
-  }
+  const auto every = [](const StepSample&) { return true; };
+  t.step_ms = median([](const StepSample& s) { return s.step; }, every);
+  t.compute_ms = median([](const StepSample& s) { return s.compute; }, every);
+  t.comm_ms = median([](const StepSample& s) { return s.comm; }, every);
+  t.exposed_comm_ms = median([](const StepSample& s) { return s.exposed; }, every);
   t.overlap_fraction = median(
-      [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; });
-  std::vector<double> waits, joined;
-  for (const auto& s : samples) {
-    if (std::isnan(s.comm_wait)) continue;
-    waits.push_back(s.comm_wait);
-    joined.push_back(s.comm - s.comm_wait);
-  }
-  if (!waits.empty()) {
-    auto mid = [](std::vector<double>& v) {
-      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-      return v[v.size() / 2];
-    };
-    t.comm_wait_ms = mid(waits);
-    t.comm_joined_ms = mid(joined);
-  }
+      [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; },
+      every);
+  const double check = median([](const StepSample& s) { return s.check; },
+                              [](const StepSample& s) { return s.check > 0; });
+  if (!std::isnan(check)) t.check_ms = check;
+  const auto attributed = [](const StepSample& s) { return !std::isnan(s.comm_wait); };
+  t.comm_wait_ms = median([](const StepSample& s) { return s.comm_wait; }, attributed);
+  t.comm_joined_ms = median([](const StepSample& s) { return s.comm - s.comm_wait; }, attributed);
   return t;
 }
 

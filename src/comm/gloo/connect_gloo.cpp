@@ -102,25 +102,19 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
     throw;  // every rank has the same deadline and reports its own timeout, naming who is missing
   } catch (const Error& e) {
     // Any other failure here stops the group now, not at the peers' deadline.
-    gloo_backend::publish_abort(*store, e.what());
-    gloo_backend::publish_abort_to_joiners(*store, e.what());
-    gloo_backend::leave(*store, o.rank, o.world_size);
+    gloo_backend::leave_failed(*store, o.rank, o.world_size, e.what());
     throw;
   } catch (const std::exception& e) {  // Gloo's own (a pair it cannot create), or out of memory
     const std::string msg = "rank " + std::to_string(o.rank) + ": connecting the group failed: " + e.what();
-    gloo_backend::publish_abort(*store, msg);
-    gloo_backend::publish_abort_to_joiners(*store, msg);
-    gloo_backend::leave(*store, o.rank, o.world_size);
+    gloo_backend::leave_failed(*store, o.rank, o.world_size, msg);
     throw CommAborted(msg);
   }
   try {
     gloo_backend::authenticate_peers(*mesh, secret, o.job_id, o.timeout);
   } catch (const std::exception& e) {
     const std::string msg = e.what();
-    gloo_backend::publish_abort(*store, msg);
-    gloo_backend::publish_abort_to_joiners(*store, msg);
-    mesh->close_all();
-    gloo_backend::leave(*store, o.rank, o.world_size);
+    gloo_backend::leave_failed(*store, o.rank, o.world_size, msg);  // the reason first, then
+    mesh->close_all();                                              // the broken connections
     if (dynamic_cast<const Error*>(&e) != nullptr) throw;
     throw CommAborted("rank " + std::to_string(o.rank) + ": job handshake failed: " + msg);
   }

@@ -136,10 +136,6 @@ void publish_abort(RendezvousStore& store, const std::string& reason) noexcept {
   write_abort(store, store.abort_key(), reason);
 }
 
-void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason) noexcept {
-  write_abort(store, "abort", reason);
-}
-
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept {
   const ScopedSigpipeBlock no_sigpipe;
   try {
@@ -168,6 +164,12 @@ void leave(RendezvousStore& store, int rank, int world_size) noexcept {
   store.remove("rank/" + std::to_string(rank));
   store.remove("addr/" + std::to_string(rank));
   sweep_if_last(store, world_size);
+}
+
+void leave_failed(RendezvousStore& store, int rank, int world_size, const std::string& reason) noexcept {
+  publish_abort(store, reason);
+  write_abort(store, "abort", reason);
+  leave(store, rank, world_size);
 }
 
 namespace {

@@ -53,12 +53,6 @@ void publish_abort(RendezvousStore& store, const std::string& reason) noexcept;
 // The group's abort reason, if a rank recorded one. Never throws.
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept;
 
-// A rank that fails after its join also tells the ranks that may still be in
-// theirs ("abort", which they poll; the last claimant out removes it): a peer
-// that never saw this rank's claim before it was withdrawn would otherwise
-// wait for it until its deadline. Never throws.
-void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason) noexcept;
-
 // Removes this rank's join keys (its claim and addresses); the last rank of
 // the group to leave also removes "world_size" ("abort" stays until it is
 // kAbortFreshFor old: Note [Aborts do not outlive their job]). Called once every
@@ -66,6 +60,13 @@ void publish_abort_to_joiners(RendezvousStore& store, const std::string& reason)
 // that fails after the join, so that a later job with the same id and store
 // starts clean. Never throws.
 void leave(RendezvousStore& store, int rank, int world_size) noexcept;
+
+// leave() for a rank that failed after its join: first records `reason` for
+// the group (its session's abort) and for the ranks that may still be in
+// their join ("abort", which they poll: a peer that never saw this rank's
+// claim before it was withdrawn would otherwise wait for it until its
+// deadline). Never throws.
+void leave_failed(RendezvousStore& store, int rank, int world_size, const std::string& reason) noexcept;
 
 // Throws the rendezvous refusal recorded in the store, if any (InvalidArgument
 // for a refusal during the join, CommAborted for any other abort).
