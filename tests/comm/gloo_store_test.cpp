@@ -113,6 +113,36 @@ TEST_F(GlooStore, ARedisServerThatNeverAnswersFailsEveryCallWithinTheTimeout) {
   ::close(fd);
 }
 
+// After a timeout the store connects again on its next call: a Redis server
+// that was stopped (SIGSTOP) and then continued serves the same store. Without
+// the reconnect, the timed-out connection stays dead (hiredis keeps its error)
+// and every later call fails, so the abort watcher and the clean-up at exit
+// would stop working after one slow moment of the server.
+TEST_F(GlooStore, ARedisStoreConnectsAgainAfterATimeout) {
+  if (!std::filesystem::exists(kRedisServer)) {
+    GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  }
+  GlooGroup redis(dir_);
+  const int port = start_redis(redis, dir_);
+  ASSERT_NE(port, 0);
+  const pid_t server = redis.pids().at(0);
+  RendezvousStore store("redis://127.0.0.1:" + std::to_string(port), "job", std::chrono::milliseconds(300));
+  ASSERT_TRUE(store.set_if_absent("before", "1"));
+
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  EXPECT_THROW(store.set_if_absent("during", "2"), IoError);
+  ASSERT_EQ(::kill(server, SIGCONT), 0);
+
+  // The stopped server still answers the timed-out SETNX once it runs again;
+  // a reused connection would read that late reply as the answer to the next
+  // command. A new connection reads only its own.
+  EXPECT_EQ(store.try_get("before").value_or("absent"), "1");
+  EXPECT_TRUE(store.set_if_absent("after", "3"));
+  EXPECT_EQ(store.try_get("after").value_or("absent"), "3");
+  store.remove("after");
+  EXPECT_FALSE(store.try_get("after").has_value());
+}
+
 TEST_F(GlooStore, RemovedKeyReadsAsAbsentAndCanBeSetAgain) {
   RendezvousStore store("file:" + (dir_ / "rdv").string(), "job");
   EXPECT_FALSE(store.try_get("k").has_value());
