@@ -1,13 +1,17 @@
-// One rank of `mpirun -np N` dies (SIGKILL) in the middle of a loop of
-// all-reduces. Disabled in the normal run (it ends the job on purpose);
-// mpi_kill_test.sh runs it and checks what mpirun does: the job ends, with
-// a non-zero exit naming the dead rank, and no process is left behind.
+// One rank of `mpirun -np N` dies (SIGKILL) or stops (SIGSTOP) in the middle
+// of a loop of all-reduces. Disabled in the normal run (they end the job on
+// purpose); mpi_kill_test.sh runs them and checks what mpirun does: the job
+// ends, non-zero, naming the dead rank or printing the others' timeout, and
+// no process is left behind.
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 
 #include "lockstep/comm/collectives.h"
+#include "lockstep/comm/process_group.h"
+#include "lockstep/error.h"
 #include "mpi_rank.h"
 
 namespace lockstep::comm {
@@ -24,6 +28,28 @@ TEST(MpiKill, DISABLED_OneRankDiesDuringAllreduces) {
     if (step == 20 && comm.rank() == dies) std::raise(SIGKILL);
     allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
     std::fill(data.begin(), data.end(), 1.0f);
+  }
+}
+
+// A stopped rank is neither dead nor alive to mpirun: the others' all-reduce
+// times out, and then MPI_Finalize would wait for the stopped rank forever
+// (Note [MPI_Finalize after a failure]). Each other rank prints its error and
+// returns; its session must skip MPI_Finalize after the grace, so that the
+// process exits and mpirun ends the job.
+TEST(MpiKill, DISABLED_OneRankStopsDuringAllreduces) {
+  auto comm = connect_mpi({.timeout = std::chrono::seconds(2)});
+  const char* victim = std::getenv("LOCKSTEP_TEST_KILL_RANK");
+  const int stops = victim != nullptr ? std::atoi(victim) : 1;
+  std::vector<float> data(1 << 12, 1.0f);
+  try {
+    for (int step = 0; step < 1000000; ++step) {
+      if (step == 20 && comm->rank() == stops) std::raise(SIGSTOP);
+      allreduce(*comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+      std::fill(data.begin(), data.end(), 1.0f);
+    }
+    ADD_FAILURE() << "rank " << comm->rank() << ": a million all-reduces with a stopped rank";
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rank %d failed as expected: %s\n", comm->rank(), e.what());
   }
 }
 

@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Usage: mpi_kill_test.sh MPIRUN TEST_BINARY NP RANK
-# Runs MpiKill.DISABLED_OneRankDiesDuringAllreduces under `mpirun -np NP`
-# with rank RANK killing itself, and checks that the job ends (within the
-# CTest timeout), that mpirun exits non-zero naming the dead rank, and that
-# no rank outlives it.
+# Usage: mpi_kill_test.sh MPIRUN TEST_BINARY NP RANK [kill|stop]
+# kill (the default): runs MpiKill.DISABLED_OneRankDiesDuringAllreduces under
+# `mpirun -np NP` with rank RANK killing itself, and checks that the job ends
+# (within the CTest timeout), that mpirun exits non-zero naming the dead rank,
+# and that no rank outlives it.
+# stop: runs MpiKill.DISABLED_OneRankStopsDuringAllreduces, where rank RANK
+# stops itself (SIGSTOP), and checks that the job ends, non-zero, that every
+# other rank printed its error, and that no rank (the stopped one included)
+# outlives it. Before Note [MPI_Finalize after a failure], the other ranks
+# hung in MPI_Finalize and CTest's timeout failed the test.
 set -uo pipefail
-mpirun="$1" binary="$2" np="$3" rank="$4"
+mpirun="$1" binary="$2" np="$3" rank="$4" mode="${5:-kill}"
+case "$mode" in
+  kill) filter='MpiKill.DISABLED_OneRankDiesDuringAllreduces' ;;
+  stop) filter='MpiKill.DISABLED_OneRankStopsDuringAllreduces' ;;
+  *) echo "unknown mode '$mode': expected kill or stop" >&2; exit 2 ;;
+esac
 marker="lockstep-kill-test-$$"  # on every rank's command line, to find leftovers
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 start=$(date +%s)
 LOCKSTEP_TEST_KILL_RANK="$rank" "$mpirun" -np "$np" --oversubscribe "$binary" \
-  --gtest_also_run_disabled_tests --gtest_filter='MpiKill.*' "--$marker" >"$out" 2>&1
+  --gtest_also_run_disabled_tests --gtest_filter="$filter" "--$marker" >"$out" 2>&1
 status=$?
 elapsed=$(( $(date +%s) - start ))
 sleep 1
@@ -19,7 +29,14 @@ left=$(pgrep -f -- "--$marker" | wc -l)
 echo "mpirun exit $status after ${elapsed} s; ranks left behind: $left"
 fail=0
 [ "$status" -ne 0 ] || { echo "FAIL: mpirun exited 0 although rank $rank was killed"; fail=1; }
-grep -q "process rank $rank .*exited on signal 9" "$out" || { echo "FAIL: mpirun did not name rank $rank"; fail=1; }
+if [ "$mode" = kill ]; then
+  grep -q "process rank $rank .*exited on signal 9" "$out" || { echo "FAIL: mpirun did not name rank $rank"; fail=1; }
+else
+  for r in $(seq 0 $((np - 1))); do
+    [ "$r" -eq "$rank" ] && continue
+    grep -q "^rank $r failed as expected: " "$out" || { echo "FAIL: rank $r did not print its error"; fail=1; }
+  done
+fi
 [ "$left" -eq 0 ] || { echo "FAIL: $left rank(s) outlived mpirun"; kill -KILL $(pgrep -f -- "--$marker") 2>/dev/null; fail=1; }
 [ "$fail" -eq 0 ] || sed 's/^/  | /' "$out"
 exit "$fail"
