@@ -53,5 +53,20 @@ TEST(MpiKill, DISABLED_OneRankStopsDuringAllreduces) {
   }
 }
 
+// A rank stopped before it connects: the others' connect (MPI_Comm_idup,
+// polled) times out instead of waiting for it in MPI_Comm_dup forever, and
+// they exit as above.
+TEST(MpiKill, DISABLED_OneRankStopsBeforeConnecting) {
+  const char* victim = std::getenv("LOCKSTEP_TEST_KILL_RANK");
+  const int stops = victim != nullptr ? std::atoi(victim) : 1;
+  if (testing::mpi_world().rank() == stops) std::raise(SIGSTOP);
+  try {
+    auto comm = connect_mpi({.timeout = std::chrono::seconds(2)});
+    ADD_FAILURE() << "rank " << comm->rank() << ": connected without the stopped rank";
+  } catch (const TimeoutError& e) {
+    std::fprintf(stderr, "rank %d failed as expected: %s\n", testing::mpi_world().rank(), e.what());
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::comm

@@ -9,12 +9,15 @@
 # other rank printed its error, and that no rank (the stopped one included)
 # outlives it. Before Note [MPI_Finalize after a failure], the other ranks
 # hung in MPI_Finalize and CTest's timeout failed the test.
+# stop-connect: the same with MpiKill.DISABLED_OneRankStopsBeforeConnecting,
+# where rank RANK stops before the others connect a communicator.
 set -uo pipefail
 mpirun="$1" binary="$2" np="$3" rank="$4" mode="${5:-kill}"
 case "$mode" in
   kill) filter='MpiKill.DISABLED_OneRankDiesDuringAllreduces' ;;
   stop) filter='MpiKill.DISABLED_OneRankStopsDuringAllreduces' ;;
-  *) echo "unknown mode '$mode': expected kill or stop" >&2; exit 2 ;;
+  stop-connect) filter='MpiKill.DISABLED_OneRankStopsBeforeConnecting' ;;
+  *) echo "unknown mode '$mode': expected kill, stop or stop-connect" >&2; exit 2 ;;
 esac
 marker="lockstep-kill-test-$$"  # on every rank's command line, to find leftovers
 out="$(mktemp)"

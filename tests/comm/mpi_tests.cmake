@@ -45,13 +45,16 @@ foreach(victim 0 2)
   set_tests_properties(lockstep_mpi_kill.np4_rank${victim} PROPERTIES
     LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
 endforeach()
-# A rank stopped (SIGSTOP) in the middle of all-reduces: the others time out,
-# print their error and exit without waiting for it in MPI_Finalize.
-add_test(NAME lockstep_mpi_kill.np3_rank1_stopped
-         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mpi_kill_test.sh ${LOCKSTEP_MPIEXEC}
-                 $<TARGET_FILE:lockstep_mpi_tests> 3 1 stop)
-set_tests_properties(lockstep_mpi_kill.np3_rank1_stopped PROPERTIES
-  LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
+# A rank stopped (SIGSTOP) in the middle of all-reduces, or before the others
+# connect: the others time out, print their error and exit without waiting
+# for it in MPI_Finalize.
+foreach(mode stop stop-connect)
+  add_test(NAME lockstep_mpi_kill.np3_rank1_${mode}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mpi_kill_test.sh ${LOCKSTEP_MPIEXEC}
+                   $<TARGET_FILE:lockstep_mpi_tests> 3 1 ${mode})
+  set_tests_properties(lockstep_mpi_kill.np3_rank1_${mode} PROPERTIES
+    LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")
+endforeach()
 
 # Nodes from processor names, and the hierarchical all-reduce over MPI:
 # 4 ranks as 2 nodes of 2, 6 ranks as 2 nodes of 3 (mpi_nodes_test.sh).
