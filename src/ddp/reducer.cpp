@@ -131,7 +131,7 @@ struct Reducer::State {
       const float w = weight;
       lock.unlock();
       const auto start = Clock::now();
-      const auto sent = comm.stats().bytes_sent;
+      const comm::CommStats before = comm.stats();
       std::exception_ptr failed;
       try {
         reduce(buckets[k], w);
@@ -139,11 +139,12 @@ struct Reducer::State {
         failed = std::current_exception();
       }
       const auto end = Clock::now();
-      const auto bytes = comm.stats().bytes_sent - sent;
+      const comm::CommStats after = comm.stats();
       lock.lock();
       timing.buckets[k].start = start;
       timing.buckets[k].end = end;
-      timing.buckets[k].bytes_sent = bytes;
+      timing.buckets[k].bytes_sent = after.bytes_sent - before.bytes_sent;
+      timing.buckets[k].messages_sent = after.messages_sent - before.messages_sent;
       if (failed) {
         error = failed;
         next = buckets.size();  // give up the step; finish_step rethrows
@@ -258,12 +259,14 @@ const StepTiming& Reducer::finish_step() {
     s.timing.wait_start = Clock::now();
     for (std::size_t k = 0; k < s.buckets.size(); ++k) {
       auto& t = s.timing.buckets[k];
-      const auto sent = s.comm.stats().bytes_sent;
+      const comm::CommStats before = s.comm.stats();
       t.start = Clock::now();
       s.next = k;
       s.reduce(s.buckets[k], s.weight);
       t.end = Clock::now();
-      t.bytes_sent = s.comm.stats().bytes_sent - sent;
+      const comm::CommStats after = s.comm.stats();
+      t.bytes_sent = after.bytes_sent - before.bytes_sent;
+      t.messages_sent = after.messages_sent - before.messages_sent;
     }
     s.next = s.buckets.size();
     s.in_step = false;

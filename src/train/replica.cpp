@@ -250,6 +250,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       mark_nonfinite_sentinel(total, nonfinite);
       const auto t_comm = Clock::now();
       const auto sent = comm.stats().bytes_sent;
+      const auto messages = comm.stats().messages_sent;
       // Both sum in the one tree over ranks; in one process, shared memory moves the least memory.
       comm::NativeAllreduce* native = comm.native_allreduce();
       const auto tree = native != nullptr && native->shares_memory() ? comm::Algorithm::SharedMemory
@@ -257,6 +258,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       comm::allreduce(comm, total, {.op = comm::ReduceOp::Sum, .algorithm = tree});
       t_wait_end = Clock::now();
       out.traffic.gradients += comm.stats().bytes_sent - sent;
+      out.traffic.gradient_messages += comm.stats().messages_sent - messages;
       sample.comm = ms_between(t_comm, t_wait_end);
       sample.spans.emplace_back(t_comm, t_wait_end);
       recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce (tree order)", t_comm, t_wait_end,
@@ -288,12 +290,19 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         });
       }
       const auto& timing = reducer.finish_step();
-      t_wait_end = Clock::now();
+      // The step waited for communication until the last all-reduce ended,
+      // not until this thread ran again: with more replicas than cores the
+      // OS may run others first, and that is counted as compute (as in
+      // backward), not as communication.
+      t_wait_end = t_backward_end;
+      for (const auto& bt : timing.buckets) t_wait_end = std::max(t_wait_end, bt.end);
+      t_wait_end = std::min(t_wait_end, Clock::now());
       for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
         const auto& bt = timing.buckets[k];
         sample.comm += ms_between(bt.start, bt.end);
         sample.spans.emplace_back(bt.start, bt.end);
         out.traffic.gradients += bt.bytes_sent;
+        out.traffic.gradient_messages += bt.messages_sent;
         recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
                      bt.end, bt.bytes_sent);
       }
@@ -310,13 +319,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_backward_end, t_wait_end);
     }
 
+    const auto t_optimizer_start = Clock::now();
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
     if (!guards.skip_step(step, reduced_nonfinite_sentinel(grads), nonfinite, grads, out)) {
       optimizer->step_and_zero_grads(params, grads, lr);
     }
     guards.maybe_flip_bit(step, params, buffers);
     const auto t_optimizer_end = Clock::now();
-    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_wait_end, t_optimizer_end);
+    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_optimizer_start, t_optimizer_end);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
     const bool last_step = step == s.total_steps - 1;
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || last_step;

@@ -77,9 +77,25 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                 (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate),
                 (long long)r.samples_seen);
   s += line;
+  // One all-reduce per bucket per step (one in all with --deterministic).
+  const std::string calls = c.deterministic       ? "one all-reduce"
+                            : r.buckets.size() == 1 ? "one all-reduce, one bucket"
+                                                    : std::to_string(r.buckets.size()) + " all-reduces, one per bucket";
   s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
-       " of gradients sent in one all-reduce (2P(N-1)/N = " +
-       human_bytes(double(r.allreduce_bytes_per_step_formula)) + ", independent of the micro-batch)\n";
+       " of gradients in " + calls + " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
+       ", independent of the micro-batch)\n";
+  const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
+  if (r.replicas > 1 && t0.gradients > 0) {
+    if (t0.gradient_messages == 0) {
+      s += "               counted by the shared-memory all-reduce, which sends no messages: what the other "
+           "replicas read of this one's gradients plus what it writes into theirs (--algorithm ring counts "
+           "messages)\n";
+    } else {
+      std::snprintf(line, sizeof line, "               counted message by message: %.4g messages per step\n",
+                    double(t0.gradient_messages) / double(r.steps));
+      s += line;
+    }
+  }
   if (c.deterministic) {
     std::snprintf(line, sizeof line,
                   "  deterministic atoms of %lld samples, each replica's summed in a tree, the replicas' by the "
@@ -148,9 +164,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
        " fields agreed, weights verified after the broadcast; ";
   if (c.check_every > 0) {
-    std::snprintf(
-        line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
-        r.times.step_ms > 0 ? 100 * r.times.check_ms / double(c.check_every) / r.times.step_ms : 0.0);
+    // Every check_every steps and after the last: the run's checks over its steps.
+    const double steps_time = double(r.steps) * r.times.step_ms;
+    std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
+                  steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
     s += std::string(r.buffer_layout.tensors().empty() || (c.bn_stats == BnStats::Local && !c.deterministic)
                          ? "weights and optimizer state"
                          : "weights, optimizer state and buffers") +
@@ -232,7 +249,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"comm_joined_ms", r.times.comm_joined_ms},
                  {"check_ms", r.times.check_ms}};
   nlohmann::json buckets = nlohmann::json::array();
-  for (const auto& b : r.buckets) {
+  // --deterministic all-reduces the atoms' total in one call, not in buckets.
+  for (const auto& b : c.deterministic ? std::vector<ddp::Bucket>{} : r.buckets) {
     nlohmann::json names = nlohmann::json::array();
     for (auto t : b.tensors) names.push_back(r.layout.tensors()[t].name);
     buckets.push_back({{"bytes", b.bytes()}, {"offset", b.offset}, {"tensors", names}});
@@ -245,6 +263,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                 {"optimizer_state_per_replica", r.optimizer_state_bytes},
                 {"allreduce_per_step_per_replica", r.allreduce_bytes_per_step_formula},
                 {"measured_gradient_bytes_sent_per_step_per_replica", gradient_bytes_per_step(r)},
+                {"gradient_messages_per_step_per_replica",
+                 r.steps > 0 ? double(t0.gradient_messages) / double(r.steps) : 0.0},
                 {"weights_broadcast_at_init", t0.init_broadcast},
                 {"weights_exchanged_after_init", all.repair + all.unaccounted},
                 {"activations_communicated", all.unaccounted},
@@ -254,6 +274,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
     per.push_back({{"init_broadcast", t.init_broadcast},
                    {"setup", t.setup},
                    {"gradients", t.gradients},
+                   {"gradient_messages", t.gradient_messages},
                    {"control", t.control},
                    {"checks", t.checks},
                    {"repair", t.repair}, {"buffers", t.buffers},

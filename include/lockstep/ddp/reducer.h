@@ -92,7 +92,8 @@ struct ReducerOptions {
 // When bucket k's all-reduce happened in the last step.
 struct BucketTiming {
   std::chrono::steady_clock::time_point ready, start, end;
-  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_sent = 0;     // as counted by the communicator (CommStats)
+  std::uint64_t messages_sent = 0;  // 0 on a path that sends none (the threads backend's shared memory)
 };
 
 struct StepTiming {

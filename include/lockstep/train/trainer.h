@@ -155,6 +155,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t init_broadcast = 0;
   std::uint64_t setup = 0;        // start-up checks (handshake, weight verification, bucket layout)
   std::uint64_t gradients = 0;    // all steps together
+  std::uint64_t gradient_messages = 0;  // messages those bytes took (0: the shared-memory all-reduce, none)
   std::uint64_t control = 0;      // loss and accuracy tallies
   std::uint64_t checks = 0;       // fingerprints and non-finite flags
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
