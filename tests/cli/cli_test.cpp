@@ -347,6 +347,26 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_EQ(j["bytes"]["allreduce_per_step_per_replica"], 2 * p * 3 / 4);
   EXPECT_EQ(j["bytes"]["weights_exchanged_after_init"], 0);
   EXPECT_EQ(j["bytes"]["activations_communicated"], 0);
+  // In-process, the shared-memory all-reduce books bytes but sends no
+  // message, and the summary says so rather than calling them messages.
+  EXPECT_EQ(j["bytes"]["gradient_messages_per_step_per_replica"], 0.0);
+  EXPECT_NE(r.output.find("of gradients in one all-reduce, one bucket"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("counted by the shared-memory all-reduce, which sends no messages"), std::string::npos)
+      << r.output;
+  // The divergence checks' share of the step time: the checks run (one,
+  // after the last of 6 steps; --check-every is 20) over the steps' time.
+  const std::size_t at = r.output.find(" ms each, ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const double share = std::stod(r.output.substr(at + 10));
+  EXPECT_EQ(j["guards"]["divergence_checks"], 1);
+  const double expected = 100.0 * j["timing"]["check_ms"].get<double>() / (6 * j["timing"]["step_ms"].get<double>());
+  EXPECT_NEAR(share, expected, 0.051 + 0.001 * expected) << r.output;
+  // --deterministic all-reduces the atoms' total in one call: no buckets.
+  const fs::path det_report = dir / "deterministic.json";
+  const CliRun det = run(common + " --steps 2 --deterministic --atom 2 --report " + det_report.string());
+  ASSERT_EQ(det.code, 0) << det.output;
+  EXPECT_NE(det.output.find("of gradients in one all-reduce ("), std::string::npos) << det.output;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(det_report))["buckets"].empty());
   // The saved weights load back as --init.
   EXPECT_EQ(run(common + " --steps 1 --init " + weights.string()).code, 0);
   // And a model of another shape refuses them, naming a tensor.
@@ -372,6 +392,8 @@ TEST(Cli, TraceAndTimelineAreWritten) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("all-reduced during backward, modelled link 1 Gbit/s, 20 us"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("all-reduces, one per bucket"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("counted message by message"), std::string::npos) << r.output;
   std::ifstream in(trace);
   const auto j = nlohmann::json::parse(in);
   std::size_t allreduce = 0, backward = 0;

@@ -160,6 +160,45 @@ TEST(Timeline, EveryReplicaRecordsEveryPhaseOfEveryStep) {
   EXPECT_TRUE(train(c, data).timeline.empty());
 }
 
+// Exposed communication ends when the step's last all-reduce ends. With the
+// all-reduces on a communication thread and more replicas than cores, the
+// replica's own thread may run again only later; that wait is the OS running
+// other replicas, and the exposed span used to include it (a learner's
+// review saw it run up to 36 ms past the communication lane's end).
+TEST(Timeline, ExposedCommunicationEndsWithTheLastAllreduce) {
+  const auto data = synthetic_data(1024);
+  auto c = config(8, 16);
+  c.steps = 6;
+  c.first_bucket_mb = 0.001;
+  c.bucket_mb = 0.004;
+  c.overlap = Overlap::On;
+  c.record_timeline = true;
+  const auto r = train(c, data);
+  int exposed_spans = 0;
+  for (int replica = 0; replica < 8; ++replica) {
+    for (std::int64_t s = 0; s < c.steps; ++s) {
+      double comm_end = 0, backward_end = 0, optimizer_start = 1e300;
+      const TimelineEvent* exposed = nullptr;
+      for (const auto* e : events_of(r, replica, s)) {
+        if (e->phase == Phase::Allreduce) comm_end = std::max(comm_end, e->end_us);
+        if (e->phase == Phase::Backward) backward_end = std::max(backward_end, e->end_us);
+        if (e->phase == Phase::Optimizer) optimizer_start = std::min(optimizer_start, e->start_us);
+        if (e->phase == Phase::Exposed) exposed = e;
+      }
+      if (comm_end > backward_end) {
+        ASSERT_NE(exposed, nullptr) << "replica " << replica << " step " << s;
+        ++exposed_spans;
+        EXPECT_EQ(exposed->start_us, backward_end) << "replica " << replica << " step " << s;
+        EXPECT_EQ(exposed->end_us, comm_end) << "replica " << replica << " step " << s;
+      } else {
+        EXPECT_EQ(exposed, nullptr) << "replica " << replica << " step " << s;
+      }
+      EXPECT_GE(optimizer_start, comm_end) << "replica " << replica << " step " << s;
+    }
+  }
+  EXPECT_GT(exposed_spans, 0);
+}
+
 TEST(Metrics, StepTimesAreConsistent) {
   const auto data = synthetic_data(1024);
   const auto r = train(config(4, 16), data);

@@ -140,6 +140,9 @@ TEST(Traffic, GradientBytesPerStepDoNotDependOnTheMicroBatch) {
         // Ring: 2(N-1) chunks of ~P/N floats; chunk rounding moves it by < 2(N-1) floats.
         const double per = double(t.gradients) / 5;
         EXPECT_NEAR(per, double(r.allreduce_bytes_per_step_formula), 2.0 * 7 * 4);
+        // The ring sends 2(N-1) messages per bucket; shared memory sends none.
+        EXPECT_EQ(t.gradient_messages,
+                  algorithm == comm::Algorithm::Ring ? 5u * r.buckets.size() * 2 * 7 : 0u);
       }
       per_step.push_back(r.traffic[0].gradients / 5);
       // Weights are sent once: what each replica sent before step 0 is at most
