@@ -2,6 +2,14 @@
 
 namespace lockstep::comm {
 
+std::chrono::steady_clock::time_point deadline_after(Duration timeout, std::chrono::steady_clock::time_point from) {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  if (timeout <= Duration::zero()) return from;
+  // Whole milliseconds left before the clock's end; below that the sum fits.
+  const auto room = std::chrono::duration_cast<Duration>(TimePoint::max() - from);
+  return timeout >= room ? TimePoint::max() : from + timeout;
+}
+
 std::span<std::byte> Communicator::scratch(std::size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return {scratch_.data(), bytes};

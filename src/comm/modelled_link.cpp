@@ -144,7 +144,7 @@ struct Transfer {
   // Sleeps until `due`, unless that is beyond the wait's deadline
   // (started + timeout): then aborts the group and throws TimeoutError.
   void pace(Clock::time_point due, Clock::time_point started, Duration timeout) const {
-    if (due > started + timeout) {
+    if (due > deadline_after(timeout, started)) {
       const std::string msg = "rank " + std::to_string(comm->rank()) +
                               (is_send ? ": send to" : ": recv from") + " rank " + std::to_string(peer) +
                               " timed out after " + std::to_string(timeout.count()) + " ms " +

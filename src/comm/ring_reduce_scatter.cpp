@@ -34,7 +34,7 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
     auto bytes = comm.scratch((count + max_chunk) * sizeof(float));
     std::span<float> work(reinterpret_cast<float*>(bytes.data()), count);
     float* tmp = work.data() + count;
-    std::memcpy(work.data(), in.data(), in.size_bytes());
+    std::copy(in.begin(), in.end(), work.begin());  // not memcpy: empty spans may be null
     auto chunk = [&](int i) {
       i = ((i % n) + n) % n;
       const std::size_t b = detail::chunk_begin(count, n, i);
@@ -53,7 +53,7 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
     }
     auto result = chunk(r);
     detail::finish(result, op, n);
-    std::memcpy(out.data(), result.data(), result.size_bytes());
+    std::copy(result.begin(), result.end(), out.begin());
   });
 }
 
@@ -69,7 +69,7 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
   detail::run_collective(comm, fp, [&] {
     comm.check_fingerprint(fp);
     auto at = [&](int i) { return out.subspan(static_cast<std::size_t>(((i % n) + n) % n) * block, block); };
-    std::memcpy(at(r).data(), in.data(), in.size_bytes());
+    std::copy(in.begin(), in.end(), at(r).begin());
     for (int s = 0; s < n - 1; ++s) {
       const std::uint64_t tag = detail::make_tag(fp.sequence, static_cast<std::uint32_t>(s));
       auto rw = comm.irecv((r - 1 + n) % n, tag, std::as_writable_bytes(at(r - s - 1)));

@@ -53,13 +53,13 @@ std::size_t tree_levels(int n) {
 void tree_reduce(const float* const* inputs, int lo, int hi, float* out, float* tmp, std::size_t len,
                  ReduceOp op) {
   if (hi - lo == 1) {
-    std::memcpy(out, inputs[lo], len * sizeof(float));
+    std::copy_n(inputs[lo], len, out);  // not memcpy: an empty buffer may be null
     return;
   }
   int half = 1;
   while (half * 2 < hi - lo) half *= 2;
   if (half == 1 && hi - lo == 2) {  // a leaf pair: no copy
-    std::memcpy(out, inputs[lo], len * sizeof(float));
+    std::copy_n(inputs[lo], len, out);
     reduce_into({out, len}, {inputs[lo + 1], len}, op);
     return;
   }

@@ -53,7 +53,7 @@ class ThreadWork final : public Work {
   void wait(Duration timeout) override {
     if (!op_) return;
     std::unique_lock lock(hub_->mu);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     auto& cv = hub_->cv[owner_];
     while (op_->state != OpState::kDone) {
       if (hub_->aborted && op_->state == OpState::kParked) {

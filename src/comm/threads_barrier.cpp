@@ -93,7 +93,7 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
     idle = now == seen ? idle + 1 : 0;
     seen = now;
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   for (;;) {
     const std::uint32_t epoch = wake_epoch.load(std::memory_order_acquire);
     if (completed()) return;

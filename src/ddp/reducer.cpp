@@ -40,6 +40,18 @@ std::size_t mib_to_bytes(double mb, const char* what) {
   return static_cast<std::size_t>(mb * double(1 << 20));
 }
 
+// A call this rank cannot make while the other ranks go on into the step's
+// collectives (or the constructor's layout check) and would wait for it until
+// their timeout: abort the group, naming this rank, and throw InvalidArgument.
+[[noreturn]] void refuse(comm::Communicator& comm, const std::string& what) {
+  std::string reason = "rank ";  // += : GCC 12 warns falsely (-Wrestrict) on a + chain here
+  reason += std::to_string(comm.rank());
+  reason += ": ";
+  reason += what;
+  comm.abort(reason);
+  throw InvalidArgument(what);
+}
+
 // FNV-1a over the bucket layout: what every rank must agree on.
 std::uint64_t layout_hash(const std::vector<Bucket>& buckets) {
   std::uint64_t h = 14695981039346656037ull;
@@ -161,24 +173,28 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
     : state_(std::make_unique<State>(comm, grads)) {
   State& s = *state_;
   s.options = options;
-  std::size_t total = 0;
-  for (auto n : tensor_numels) total += n;
-  if (total != grads.size()) {
-    throw InvalidArgument("the reducer's tensors hold " + std::to_string(total) +
-                          " floats but the gradient span " + std::to_string(grads.size()));
+  try {  // this rank's own checks: refused, it would leave the others waiting in check_same_layout
+    std::size_t total = 0;
+    for (auto n : tensor_numels) total += n;
+    if (total != grads.size()) {
+      throw InvalidArgument("the reducer's tensors hold " + std::to_string(total) +
+                            " floats but the gradient span " + std::to_string(grads.size()));
+    }
+    s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "--first-bucket-mb"),
+                               mib_to_bytes(options.bucket_mb, "--bucket-mb"));
+    if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
+        options.algorithm != comm::Algorithm::Ring) {
+      throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +
+                            comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
+    }
+  } catch (const Error& e) {
+    refuse(comm, e.what());
   }
-  s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "--first-bucket-mb"),
-                             mib_to_bytes(options.bucket_mb, "--bucket-mb"));
   s.bucket_of.resize(tensor_numels.size());
   std::size_t widest = 0;
   for (std::size_t k = 0; k < s.buckets.size(); ++k) {
     for (auto t : s.buckets[k].tensors) s.bucket_of[t] = k;
     widest = std::max(widest, s.buckets[k].numel);
-  }
-  if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
-      options.algorithm != comm::Algorithm::Ring) {
-    throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +
-                          comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
   }
   if (options.compression == Compression::Bf16) {
     s.residual.assign(grads.size(), 0.0f);
@@ -212,10 +228,11 @@ const std::vector<Bucket>& Reducer::buckets() const {
 
 void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   State& s = *state_;
-  LOCKSTEP_REQUIRE(global_count > 0 && local_count >= 0 && local_count <= global_count,
-                   "Reducer::begin_step(" + std::to_string(local_count) + ", " + std::to_string(global_count) +
+  if (!(global_count > 0 && local_count >= 0 && local_count <= global_count)) {
+    refuse(s.comm, "Reducer::begin_step(" + std::to_string(local_count) + ", " + std::to_string(global_count) +
                        "): the local sample count must be in [0, global count] and the global count positive");
-  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::begin_step() called again before finish_step() ended the step");
+  }
+  if (s.in_step) refuse(s.comm, "Reducer::begin_step() called again before finish_step() ended the step");
   const std::int64_t n = s.comm.size();
   for (std::size_t k = 0; k < s.buckets.size(); ++k) s.countdown[k] = s.buckets[k].tensors.size();
   std::fill(s.announced.begin(), s.announced.end(), 0);
@@ -276,8 +293,10 @@ const StepTiming& Reducer::finish_step() {
   std::unique_lock lock(s.mu);
   s.timing.wait_start = Clock::now();
   // The collectives have their own timeouts; this bound only catches a bug.
-  const auto guard = s.comm.timeout() * static_cast<int>(2 + s.buckets.size());
-  if (!s.cv.wait_for(lock, guard, [&] { return s.next == s.buckets.size(); })) {
+  const auto rounds = static_cast<comm::Duration::rep>(2 + s.buckets.size());
+  const auto guard = s.comm.timeout() >= comm::Duration::max() / rounds ? comm::Duration::max()
+                                                                       : s.comm.timeout() * rounds;
+  if (!s.cv.wait_until(lock, comm::deadline_after(guard), [&] { return s.next == s.buckets.size(); })) {
     const std::string msg = "rank " + std::to_string(s.comm.rank()) +
                             ": gradient buckets did not finish within " + std::to_string(guard.count()) +
                             " ms";

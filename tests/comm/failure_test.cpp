@@ -4,7 +4,12 @@
 // under run_ranks' wall-clock guard, so a hang fails the test.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "lockstep/comm/collectives.h"
+#include "lockstep/comm/modelled_link.h"
+#include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
 #include "p2p_only.h"
 #include "run_ranks.h"
@@ -106,6 +111,33 @@ TEST(ThreadGroup, ImpossibleOptionsAreRefused) {
   EXPECT_THROW(make_thread_group({.world_size = 0}), InvalidArgument);
   EXPECT_THROW(make_thread_group({.world_size = 1025}), InvalidArgument);
   EXPECT_EQ(make_thread_group({.world_size = 2, .timeout = Duration(1)}).size(), 2u);
+}
+
+// Duration::max() means "wait as long as it takes". The deadlines used to be
+// now + timeout, which overflowed into the past: the first wait timed out at
+// once and aborted the group (a library user's review; UBSan: signed overflow).
+TEST(ThreadGroup, TheLongestTimeoutWaitsInsteadOfOverflowing) {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  const TimePoint t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(deadline_after(Duration::max(), t0), TimePoint::max());
+  EXPECT_EQ(deadline_after(Duration(5), t0), t0 + Duration(5));
+  EXPECT_EQ(deadline_after(Duration(-5), t0), t0);
+  EXPECT_EQ(deadline_after(Duration(5), TimePoint::max() - Duration(1)), TimePoint::max());
+
+  for (const bool link : {false, true}) {
+    auto group = make_thread_group({.world_size = 3, .timeout = Duration::max()});
+    if (link) group = with_modelled_link(std::move(group), {.bytes_per_second = 1e9, .latency = std::chrono::microseconds(10)});
+    testing::rethrow_first(testing::run_group(group, [](Communicator& comm) {
+      // The others wait for rank 2 (a barrier, a receive and the all-reduce's rounds).
+      if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::vector<float> data(5000, 1.0f);
+      allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+      EXPECT_EQ(data[4999], 3.0f);
+      if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      allreduce(comm, data, {.op = ReduceOp::Sum});
+      EXPECT_EQ(data[0], 9.0f);
+    }));
+  }
 }
 
 }  // namespace

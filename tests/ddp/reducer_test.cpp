@@ -299,6 +299,55 @@ TEST(Reducer, ARankThatLeavesMidStepDoesNotHangTheOthers) {
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(errors[r]) << "rank " << r;
 }
 
+// A rank whose reducer is refused (its own options or spans) or that cannot
+// begin a step aborts the group: the others, already in the constructor's
+// layout check or the step's all-reduces, stop at once instead of waiting for
+// it until their timeout (60 s here; the 20 s wall-clock guard fails a wait).
+TEST(Reducer, ARefusalOnOneRankStopsEveryRankAtOnce) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const auto errors = run_ranks(
+        3,
+        [&](comm::Communicator& comm) {
+          const bool odd = comm.rank() == 1;
+          std::vector<float> grads(total_numel() - (odd && variant == 1 ? 1 : 0));
+          Reducer reducer(comm, grads, kNumels, {.bucket_mb = odd && variant == 0 ? -1.0 : 25.0});
+          reducer.begin_step(odd && variant == 2 ? -1 : 1, 3);
+          for (std::size_t t = kNumels.size(); t-- > 0;) reducer.mark_ready(t);
+          reducer.finish_step();
+        },
+        std::chrono::seconds(60), std::chrono::seconds(20));
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(errors[r]) << "variant " << variant << ", rank " << r;
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(r, 1) << e.what();
+      } catch (const CommAborted& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 1: "), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// Duration::max() as the group's timeout waits as long as it takes: the
+// reducer's own bound (timeout x (2 + buckets)) used to overflow, and
+// finish_step gave up at once.
+TEST(Reducer, TheLongestTimeoutWaitsInsteadOfOverflowing) {
+  for (const double bucket_mb : {0.0, 0.001, 0.004, 0.01, 0.03})  // 1 to 3 buckets: the product wrapped to either sign
+  rethrow_first(testing::run_group(
+      comm::make_thread_group({.world_size = 3, .timeout = comm::Duration::max()}), [&](comm::Communicator& comm) {
+        std::vector<float> grads(total_numel(), 1.0f);
+        Reducer reducer(comm, grads, kNumels, {.first_bucket_mb = 0.001, .bucket_mb = bucket_mb});
+        reducer.begin_step(1, 3);
+        for (std::size_t t = kNumels.size(); t-- > 0;) {
+          if (comm.rank() == 2 && t == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          reducer.mark_ready(t);
+        }
+        reducer.finish_step();
+        EXPECT_EQ(grads[0], 1.0f);
+      }));
+}
+
 TEST(Reducer, AnnouncingATensorTwiceOrNeverIsAnError) {
   rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel());

@@ -32,6 +32,14 @@ namespace lockstep::comm {
 
 using Duration = std::chrono::milliseconds;
 
+// `from` + `timeout`, saturated: the clock's last time point when the sum is
+// later than the clock can count (Duration::max() waits as long as it takes
+// instead of overflowing into the past), `from` for a timeout of zero or less.
+// Every deadline of the threads and MPI backends and of the reducer is taken
+// this way.
+std::chrono::steady_clock::time_point deadline_after(
+    Duration timeout, std::chrono::steady_clock::time_point from = std::chrono::steady_clock::now());
+
 // A handle to one asynchronous transfer.
 class Work {
  public:

@@ -61,8 +61,14 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
         "gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
         "LOCKSTEP_RENDEZVOUS)");
   }
-  if (o.timeout.count() <= 0 || o.rendezvous_timeout.count() <= 0) {
-    throw InvalidArgument("gloo: timeouts must be positive");
+  // Gloo's own waits add the timeout to the clock in nanoseconds; 30 days
+  // keeps that far from overflowing.
+  constexpr auto kMaxTimeout = std::chrono::hours(24 * 30);
+  if (o.timeout.count() <= 0 || o.rendezvous_timeout.count() <= 0 || o.timeout > kMaxTimeout ||
+      o.rendezvous_timeout > kMaxTimeout) {
+    throw InvalidArgument("gloo: timeouts must be positive and at most 30 days, got " +
+                          std::to_string(o.timeout.count()) + " ms and a rendezvous timeout of " +
+                          std::to_string(o.rendezvous_timeout.count()) + " ms");
   }
   // Refuse a bad secret file before touching the network.
   const std::string secret =
@@ -74,7 +80,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   // the join, the abort watcher's reads during training).
   const auto store_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(o.timeout, o.rendezvous_timeout));
   auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id, store_timeout);
-  const auto deadline = Clock::now() + o.rendezvous_timeout;
+  const auto deadline = deadline_after(o.rendezvous_timeout);
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);
   // Failing, the join publishes its reason and withdraws this rank's claim itself.

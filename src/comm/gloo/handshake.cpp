@@ -66,7 +66,7 @@ void exchange(Mesh& mesh, std::uint64_t slot, std::vector<Bytes32>& ours, std::v
   }
   // One deadline for all peers: waited one after another, each with the
   // whole timeout, N-1 slow peers could stretch the handshake N-1 times.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = comm::deadline_after(timeout);
   const auto left = [&] {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
                                                       deadline - std::chrono::steady_clock::now()));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "lockstep/comm/communicator.h"
 #include "lockstep/error.h"
 #include "mpi_tags.h"
 
@@ -21,7 +22,7 @@ MpiChannel::MpiChannel(std::shared_ptr<MpiSession> session, MPI_Comm parent, std
       MPI_Comm_rank(parent, &parent_rank);
       check_mpi(MPI_Comm_idup(parent, &comm_, &request), "MPI_Comm_idup");
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     for (int done = 0; !done;) {
       {
         auto lock = session_->lock();

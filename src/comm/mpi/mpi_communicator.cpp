@@ -168,7 +168,7 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
                                      MPI_MAX_PROCESSOR_NAME, MPI_CHAR, channel.comm(), &request),
                       "MPI_Iallgather");
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   for (;;) {
     int done = 0;
     {

@@ -112,7 +112,7 @@ void MpiWork::check_completion() {
 
 void MpiWork::wait(Duration timeout) {
   const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + timeout;
+  const auto deadline = deadline_after(timeout, start);
   auto pause = std::chrono::duration_cast<std::chrono::nanoseconds>(kFirstSleep);
   for (int polls = 0;; ++polls) {
     if (test()) return check_completion();
