@@ -156,6 +156,22 @@ struct Transfer {
     }
     sleep_until(*comm, due);
   }
+
+  // Note [A dropped transfer aborts the modelled group]: delivery times are
+  // numbered per channel in posting order, and the inner backend matches the
+  // messages that remain. A send or receive withdrawn before it completed
+  // would shift every later message of its channel onto the wrong number (a
+  // stale delay, or a receive with none), so the group is aborted instead,
+  // as Gloo does; the next call on any rank fails with the reason.
+  void dropped() const noexcept {
+    try {
+      if (!comm->abort_reason().empty()) return;  // an error is already unwinding the step
+      comm->abort("rank " + std::to_string(comm->rank()) + (is_send ? ": a send to" : ": a receive from") +
+                  " rank " + std::to_string(peer) + " " + describe_tag(tag) +
+                  " was dropped before it completed, which the modelled link cannot take back");
+    } catch (...) {  // a destructor: never throws
+    }
+  }
 };
 
 // A send: done once the inner send is and the link has carried the last byte.
@@ -163,6 +179,9 @@ class SendWork final : public Work {
  public:
   SendWork(std::unique_ptr<Work> inner, Transfer transfer, Clock::time_point link_free)
       : inner_(std::move(inner)), transfer_(std::move(transfer)), link_free_(link_free) {}
+  ~SendWork() override {
+    if (!inner_->done()) transfer_.dropped();  // Note [A dropped transfer aborts the modelled group]
+  }
 
   void wait(Duration timeout) override {
     const auto started = Clock::now();
@@ -182,6 +201,17 @@ class RecvWork final : public Work {
  public:
   RecvWork(std::unique_ptr<Work> inner, Transfer transfer, std::uint64_t number)
       : inner_(std::move(inner)), transfer_(std::move(transfer)), number_(number) {}
+  ~RecvWork() override {
+    if (due_) return;
+    if (!inner_->done()) {
+      transfer_.dropped();  // Note [A dropped transfer aborts the modelled group]
+      return;
+    }
+    try {
+      take_delivery_time();  // received but never waited for: free its slot on the board
+    } catch (...) {  // a destructor: never throws
+    }
+  }
 
   void wait(Duration timeout) override {
     const auto started = Clock::now();

@@ -322,5 +322,54 @@ TEST(ModelledLinkFailure, TimeoutShorterThanTheModelledDelay) {
   EXPECT_NE(message_of(errors[0]).find("timed out"), std::string::npos) << message_of(errors[0]);
 }
 
+// Note [A dropped transfer aborts the modelled group]: a receive dropped
+// before its message came used to shift the channel's numbering, and the next
+// receive failed an internal check ("a completed receive has no modelled
+// delivery time"); a dropped send left a stale delivery time. Now both abort
+// the group, naming the transfer, and every rank's next call fails with it. A
+// transfer that completed may be dropped unwaited.
+TEST(ModelledLinkFailure, ADroppedTransferAbortsTheGroup) {
+  for (const bool drop_send : {false, true}) {
+    auto comms = linked_group(2, {.latency = std::chrono::microseconds(10)}, 10s);
+    std::atomic<bool> dropped{false};
+    auto errors = run_group(
+        comms,
+        [&](Communicator& comm) {
+          std::vector<std::byte> buf(16);
+          const int sender = drop_send ? 0 : 1;  // the rank that drops
+          if (comm.rank() == sender) {
+            { auto w = drop_send ? comm.isend(1, 9, buf) : comm.irecv(0, 9, buf); }  // dropped
+            dropped = true;
+            (drop_send ? comm.isend(1, 9, buf) : comm.irecv(0, 9, buf))->wait(comm.timeout());
+          } else {
+            while (!dropped) std::this_thread::yield();
+            (drop_send ? comm.irecv(0, 9, buf) : comm.isend(1, 9, buf))->wait(comm.timeout());
+          }
+        },
+        5s);
+    for (int r : {0, 1}) {
+      ASSERT_TRUE(errors[r]) << "drop_send " << drop_send << ", rank " << r << " finished normally";
+      EXPECT_THROW(std::rethrow_exception(errors[r]), CommAborted) << message_of(errors[r]);
+      EXPECT_NE(message_of(errors[r]).find("was dropped before it completed"), std::string::npos)
+          << message_of(errors[r]);
+    }
+  }
+  // Completed, then dropped without wait(): no harm.
+  auto comms = linked_group(2, {.latency = std::chrono::microseconds(10)}, 10s);
+  rethrow_first(run_group(comms, [&](Communicator& comm) {
+    std::vector<std::byte> buf(16);
+    for (int i = 0; i < 3; ++i) {
+      if (comm.rank() == 0) {
+        auto w = comm.isend(1, 9, buf);
+        while (!w->done()) std::this_thread::yield();
+      } else {
+        auto w = comm.irecv(0, 9, buf);
+        while (!w->done()) std::this_thread::yield();
+      }
+    }
+    barrier(comm);
+  }));
+}
+
 }  // namespace
 }  // namespace lockstep::comm

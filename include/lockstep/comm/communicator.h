@@ -47,8 +47,9 @@ class Work {
   // buffer may be freed; never throws. What the peer sees depends on the
   // backend: the threads backend withdraws it (a copy already under way
   // finishes first) without telling the peer, whose matching call then
-  // times out; Gloo aborts the group; MPI releases the request. Call wait()
-  // unless an error is already unwinding the step.
+  // times out; Gloo and the modelled link (modelled_link.h) abort the group;
+  // MPI releases the request. Call wait() unless an error is already
+  // unwinding the step.
   virtual ~Work() = default;
   // Blocks until the transfer has completed. Throws TimeoutError after
   // `timeout` (and aborts the group), CommAborted if the group was aborted.
