@@ -71,11 +71,17 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "  replicated   per replica: weights " + human_bytes(double(r.weight_bytes)) + ", gradients " +
        human_bytes(double(r.grad_bytes)) + ", optimizer state " +
        human_bytes(double(r.optimizer_state_bytes)) + " (" + r.optimizer_description + ")\n";
-  std::snprintf(line, sizeof line,
-                "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; "
-                "%lld samples read in all, each by one replica\n",
-                (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate),
-                (long long)r.samples_seen);
+  std::snprintf(line, sizeof line, "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; ",
+                (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate));
+  s += line;
+  if (r.last_step_samples > 0) {  // the epoch's last, partial step
+    std::string shards = std::to_string(r.last_step_min_shard);
+    if (r.last_step_max_shard != r.last_step_min_shard) shards += " to " + std::to_string(r.last_step_max_shard);
+    s += "an epoch's last step has " + std::to_string(r.last_step_samples) + ", in shards of " + shards +
+         (c.ragged == Ragged::Pad ? " (--ragged pad: padded and masked); "
+                                  : " (--ragged weighted: each gradient weighted by its count); ");
+  }
+  std::snprintf(line, sizeof line, "%lld samples read in all, each by one replica\n", (long long)r.samples_seen);
   s += line;
   // One all-reduce per bucket per step (one in all with --deterministic).
   const std::string calls = c.deterministic       ? "one all-reduce"

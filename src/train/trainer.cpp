@@ -238,6 +238,15 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.samples_seen = 0;
   for (std::int64_t step = 0; step < p.total_steps; ++step)
     res.samples_seen += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
+  if (const auto last = sampler.shard(sampler.steps_per_epoch() - 1, 0); last.global_count < res.global_batch) {
+    res.last_step_samples = last.global_count;
+    res.last_step_min_shard = res.last_step_max_shard = last.end - last.begin;
+    for (int r = 1; r < c.replicas; ++r) {
+      const auto shard = sampler.shard(sampler.steps_per_epoch() - 1, r);
+      res.last_step_min_shard = std::min(res.last_step_min_shard, shard.end - shard.begin);
+      res.last_step_max_shard = std::max(res.last_step_max_shard, shard.end - shard.begin);
+    }
+  }
   std::int64_t timed_samples = 0;
   for (std::int64_t step = p.warmup; step < p.total_steps; ++step)
     timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;

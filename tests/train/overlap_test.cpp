@@ -65,6 +65,13 @@ TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
   EXPECT_EQ(runs[Ragged::Weighted].steps, 8);
   EXPECT_EQ(runs[Ragged::Pad].steps, 8);
   EXPECT_EQ(runs[Ragged::Drop].steps, 6);  // floor(1003 / 256) per epoch
+  // The summary's account of the partial step: 235 samples, shards of 29 to 30.
+  for (auto policy : {Ragged::Weighted, Ragged::Pad}) {
+    EXPECT_EQ(runs[policy].last_step_samples, 235);
+    EXPECT_EQ(runs[policy].last_step_min_shard, 29);
+    EXPECT_EQ(runs[policy].last_step_max_shard, 30);
+  }
+  EXPECT_EQ(runs[Ragged::Drop].last_step_samples, 0);
   EXPECT_LT(max_abs_diff(runs[Ragged::Weighted].params, reference.params), 2e-6f);
   EXPECT_LT(max_abs_diff(runs[Ragged::Pad].params, reference.params), 2e-6f);
   EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f)

@@ -168,6 +168,10 @@ struct TrainResult {
   std::int64_t epochs_run = 0;  // epochs completed
   double epochs = 0;            // steps / steps per epoch: fractional when the run ends mid-epoch
   std::int64_t samples_seen = 0;
+  // An epoch's last step when it is partial: its samples and the smallest
+  // and largest shard (the sampler cuts them as evenly as it can); 0 when
+  // every step is full or --ragged drop drops the rest.
+  std::int64_t last_step_samples = 0, last_step_min_shard = 0, last_step_max_shard = 0;
   double final_loss = 0;
   std::optional<double> test_accuracy;
   std::vector<double> epoch_test_accuracy;
