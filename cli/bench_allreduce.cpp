@@ -105,8 +105,8 @@ void time_on_rank(comm::Communicator& c, std::size_t bytes, comm::Algorithm algo
 }
 
 // Median seconds of one all-reduce of `bytes` per rank on `n` in-process replicas.
-double time_allreduce(int n, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
-  auto comms = comm::make_thread_group({.world_size = n});
+double time_allreduce(int n, int per_node, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
+  auto comms = comm::make_thread_group({.world_size = n, .ranks_per_node = per_node});
   repeats = adaptive_repeats(bytes, n, repeats);
   std::vector<double> samples(repeats);
   std::vector<std::exception_ptr> errors(n);
@@ -142,14 +142,16 @@ int run(const Flags& f) {
                           f.group.backend + " every process is one rank (set the count with --world-size, "
                           "lockstep launch --nproc or mpirun -np).");
   }
+  check_nodes(f.group, f.replicas, algorithm);
   // A process group: this process is one rank; rank 0 measures memcpy (the
   // others wait in the first barrier) and prints.
   std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
   const bool printer = threads || group->rank() == 0;
   const double memcpy_bw = printer ? memcpy_bandwidth() : 0;
   const int n = threads ? f.replicas : group->size();
-  const std::string what = threads ? std::to_string(n) + " replicas"
-                                   : std::to_string(n) + " ranks (" + f.group.backend + " processes)";
+  std::string what = threads ? std::to_string(n) + " replicas"
+                             : std::to_string(n) + " ranks (" + f.group.backend + " processes)";
+  if (f.group.per_node > 0) what += " in nodes of " + std::to_string(f.group.per_node);
   nlohmann::json rows = nlohmann::json::array();
   if (!f.json && printer) {
     std::printf(
@@ -161,7 +163,7 @@ int run(const Flags& f) {
   for (std::size_t bytes : sizes) {
     double t = 0;
     if (threads) {
-      t = time_allreduce(n, bytes, algorithm, f.repeats, !f.no_verify);
+      t = time_allreduce(n, f.group.per_node, bytes, algorithm, f.repeats, !f.no_verify);
     } else {
       std::vector<double> samples(adaptive_repeats(bytes, n, f.repeats));
       time_on_rank(*group, bytes, algorithm, static_cast<int>(samples.size()), !f.no_verify, &samples);

@@ -50,6 +50,28 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
     cmd.add_option("--timeout", f.timeout_s, "Seconds any collective may wait before the group is aborted")
         ->check(number_in(0.001, 1e6));
   }
+  cmd.add_option("--per-node", f.per_node,
+                 "In-process replicas per node (--backend threads), as if on replicas/G machines: what "
+                 "--algorithm hierarchical needs (processes find their nodes from host names)")
+      ->transform(whole_number_in(1, 1024))
+      ->default_str("");
+}
+
+void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algorithm) {
+  const bool threads = backend_of(f) == comm::Backend::Threads;
+  if (f.per_node > 0 && !threads) {
+    throw InvalidArgument("--per-node groups in-process replicas (--backend threads); a " + f.backend +
+                          " group finds its nodes from the ranks' host names.");
+  }
+  if (f.per_node > 0 && replicas % f.per_node != 0) {
+    throw InvalidArgument("--per-node " + std::to_string(f.per_node) + " does not divide the " +
+                          std::to_string(replicas) + " replicas into equal nodes.");
+  }
+  if (threads && f.per_node == 0 && algorithm == comm::Algorithm::Hierarchical) {
+    throw InvalidArgument("--algorithm hierarchical needs to know which replicas share a node: give --per-node G "
+                          "(in-process replicas, G to a node), or run processes on several hosts (lockstep launch, "
+                          "docs/multi-machine.md).");
+  }
 }
 
 comm::Backend backend_of(const ProcessGroupFlags& flags) { return comm::backend_from_string(flags.backend); }

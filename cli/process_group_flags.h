@@ -31,6 +31,7 @@ struct ProcessGroupFlags {
   std::string secret_file;
   double timeout_s = 60;
   double rendezvous_timeout_s = 60;
+  int per_node = 0;  // --backend threads: replicas per modelled node (0: one node)
 };
 
 // Adds the flags above to `cmd`, writing into `flags` (which must outlive
@@ -39,6 +40,12 @@ struct ProcessGroupFlags {
 void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& flags, bool with_timeout = true);
 
 comm::Backend backend_of(const ProcessGroupFlags& flags);  // throws InvalidArgument naming the choices
+
+// --per-node against the backend, the replica count and the algorithm, before
+// anything runs: in-process replicas know their nodes only from --per-node
+// (a process group finds them from host names), and the hierarchical
+// all-reduce needs them.
+void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm);
 
 // The options the flags and the environment give. Writes a warning to
 // `warnings` when the job will be reachable from other machines without a

@@ -310,7 +310,8 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   Plan p = plan(c, data);
   const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
 
-  auto comms = comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout});
+  auto comms =
+      comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout, .ranks_per_node = c.ranks_per_node});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
   detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   std::vector<detail::ReplicaOutput> outputs(c.replicas);

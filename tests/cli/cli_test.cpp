@@ -412,6 +412,35 @@ TEST(Cli, TraceAndTimelineAreWritten) {
   EXPECT_NE(text.find("</svg>"), std::string::npos);
 }
 
+// In-process replicas know their nodes only from --per-node; the
+// hierarchical all-reduce needs them, and without them the command is refused
+// before it prints anything (it used to print the table's header first).
+TEST(Cli, PerNodeGroupsInProcessReplicasForTheHierarchicalAllreduce) {
+  const CliRun none = run("bench allreduce --sizes 4K --algorithm hierarchical --repeats 3");
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("give --per-node G"), std::string::npos) << none.output;
+  EXPECT_EQ(none.output.find("time_us"), std::string::npos) << "refused before the table's header";
+  const CliRun nodes = run("bench allreduce --sizes 4K --algorithm hierarchical --per-node 4 --repeats 3 --json");
+  ASSERT_EQ(nodes.code, 0) << nodes.output;
+  const auto rows = nlohmann::json::parse(nodes.output.substr(nodes.output.find('[')));
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["algorithm"], "hierarchical");
+  EXPECT_EQ(rows[0]["replicas"], 8);
+  const CliRun uneven = run("bench allreduce --sizes 4K --per-node 3");
+  EXPECT_EQ(uneven.code, 2);
+  EXPECT_NE(uneven.output.find("does not divide the 8 replicas"), std::string::npos) << uneven.output;
+  const CliRun gloo = run("bench allreduce --sizes 4K --per-node 2 --backend gloo");
+  EXPECT_EQ(gloo.code, 2);
+  EXPECT_NE(gloo.output.find("host names"), std::string::npos) << gloo.output;
+
+  const fs::path dir = make_data_dir("cli_per_node");
+  const std::string train = "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --steps 2 "
+                            "--quiet --algorithm hierarchical";
+  EXPECT_EQ(run(train).code, 2);
+  const CliRun trained = run(train + " --per-node 2");
+  EXPECT_EQ(trained.code, 0) << trained.output;
+}
+
 TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
   const fs::path dir = make_data_dir("cli_flags");
   const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 ";

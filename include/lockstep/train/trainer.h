@@ -108,6 +108,7 @@ struct TrainConfig {
   std::int64_t atom = 32;
   BnStats bn_stats = BnStats::Local;  // deterministic mode always sums the buffers' updates in its tree
   comm::Duration timeout{std::chrono::seconds(60)};
+  int ranks_per_node = 0;  // in-process replicas per modelled node (0: one node), for the hierarchical all-reduce
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
   std::optional<std::vector<float>> initial_params;  // replaces init (e.g. --init FILE)
