@@ -2,6 +2,7 @@
 // instead, ranked by predicted cost per useful sample.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <tuple>
 
 #include "format.h"
@@ -124,6 +125,25 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   // which it fits, named with that count. The outlines split the model, not
   // the batch: at this count.
   if (r.bound == Bound::Memory) {
+    // Activations grow with the micro-batch; weights, gradients and optimizer
+    // state do not, and sharding them (ZeRO) leaves activations whole. The
+    // planned global batch in smaller micro-batches, accumulated: the
+    // largest that fits.
+    // If none fits, the smallest is listed all the same (marked as not
+    // fitting), so that the least any option needs is on the list.
+    std::optional<Alternative> smaller;
+    for (std::int64_t m = 2; m <= o.step.micro_batch && o.step.micro_batch % m == 0; m *= 2) {
+      PlanOptions a = o;
+      a.step.micro_batch = o.step.micro_batch / m;
+      a.step.accumulate = o.step.accumulate * m;
+      smaller = as_alternative(plan_row(profile, a, r.replicas),
+                               "--micro-batch " + std::to_string(a.step.micro_batch) + " --accumulate " +
+                                   std::to_string(a.step.accumulate),
+                               "the same global batch in " + std::to_string(a.step.accumulate) +
+                                   " micro-steps: 1/" + std::to_string(m) + " of the activations");
+      if (smaller->fits) break;
+    }
+    if (smaller) out.push_back(*smaller);
     std::vector<int> counts;
     for (int n = 2; n <= 65536; n *= 2) counts.push_back(n);  // as far as the "keeps paying" search
     for (int n : o.replicas)
@@ -221,9 +241,19 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
                                                             : "instead",
                         best->name.c_str(), best->efficiency,
                         best->cost_per_million_useful_samples, rate_text(best->samples_per_s).c_str());
-    if (!best->fits) instead += " Nothing listed here fits in the device's memory.";
-    const bool bigger_batch = best->name.starts_with("raise --micro-batch") ||
-                              best->name.starts_with("--accumulate") || best->replicas > failing->replicas;
+    if (!best->fits) {  // then none is the cheapest of anything: say what the least need is
+      const Alternative* least = &rec.ranked.front();
+      for (const Alternative& a : rec.ranked)
+        if (a.memory_bytes_per_device > 0 && a.memory_bytes_per_device < least->memory_bytes_per_device) least = &a;
+      instead = strf(
+          " Nothing listed here fits in the device's memory: the least any option needs is %s (%s), against "
+          "%s. A device with more memory, or a smaller model, is needed.",
+          bytes_text(least->memory_bytes_per_device).c_str(), least->name.c_str(),
+          memory_text(o.device.memory_bytes).c_str());
+    }
+    const bool bigger_batch = best->fits && (best->name.starts_with("raise --micro-batch") ||
+                                             best->name.starts_with("--accumulate") ||
+                                             best->replicas > failing->replicas);
     if (bigger_batch && o.critical_batch <= 0)
       instead +=
           " A bigger global batch can need more steps to train to the same loss; this counts systems cost "

@@ -91,6 +91,39 @@ TEST(Advisor, ModelTooLargeForDeviceMemory) {
   EXPECT_TRUE(zero3);
 }
 
+// Activations overflow the device, not the state: sharding (ZeRO) leaves
+// activations whole, so the remedy is the same global batch in smaller
+// micro-batches. 10M parameters with SGD: 120 MB of state; 10 MB of
+// activations per sample: 320 MB at 32.
+TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
+  Profile p = uniform(40e6, 10);
+  p.activation_bytes_per_sample = 10e6;
+  PlanOptions o = options({1, 2, 4}, {12.5e9, 5e-6});
+  o.device.memory_bytes = 300e6;
+  const Plan plan = make_plan(p, o);
+  EXPECT_EQ(plan.recommendation.why, Bound::Memory);
+  ASSERT_FALSE(plan.recommendation.ranked.empty());
+  const Alternative& best = plan.recommendation.ranked.front();
+  EXPECT_EQ(best.name, "--micro-batch 16 --accumulate 2");  // 120 + 160 MB: the largest that fits
+  EXPECT_TRUE(best.fits);
+  EXPECT_NE(plan.recommendation.summary.find("Cheapest per sample at 1 replica: --micro-batch 16 --accumulate 2"),
+            std::string::npos)
+      << plan.recommendation.summary;
+
+  // 100 MB: nothing fits (the state alone is 120 MB). The summary must not
+  // call an option that does not fit the cheapest; it names the least need:
+  // micro-batches of 1, 130 MB.
+  o.device.memory_bytes = 100e6;
+  const Plan none = make_plan(p, o);
+  for (const Alternative& a : none.recommendation.ranked) EXPECT_FALSE(a.fits) << a.name;
+  const std::string& summary = none.recommendation.summary;
+  EXPECT_EQ(summary.find("Cheapest"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("Nothing listed here fits in the device's memory: the least any option needs is 130 MB "
+                         "(--micro-batch 1 --accumulate 32)"),
+            std::string::npos)
+      << summary;
+}
+
 TEST(Advisor, BatchPastTheCriticalBatch) {
   PlanOptions o = options({1, 2, 4, 8}, {1e12, 0});
   o.critical_batch = 256;
