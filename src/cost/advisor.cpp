@@ -246,8 +246,9 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
       for (const Alternative& a : rec.ranked)
         if (a.memory_bytes_per_device > 0 && a.memory_bytes_per_device < least->memory_bytes_per_device) least = &a;
       instead = strf(
-          " Nothing listed here fits in the device's memory: the least any option needs is %s (%s), against "
-          "%s. A device with more memory, or a smaller model, is needed.",
+          " No option listed here fits in the device's memory on its own: the least any needs is %s (%s), "
+          "against %s. The plan does not combine them (ZeRO with smaller micro-batches, say); a combination "
+          "may fit, or a device with more memory.",
           bytes_text(least->memory_bytes_per_device).c_str(), least->name.c_str(),
           memory_text(o.device.memory_bytes).c_str());
     }

@@ -196,6 +196,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
     auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced
     auto t_wait_end = t_step;       // the gradients are reduced
+    double buffers_exposed_ms = 0;  // --bn-stats sync: the buffers' all-reduce, after the gradients'
     StepSample sample;
     // One forward and backward over rows [lo, lo + m), `real` of them not
     // padding; adds grad_scale x the loss sum's gradient into grads.
@@ -309,10 +310,18 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       if (sync_buffers) {  // --bn-stats sync: every replica applies the mean of the replicas' updates
         for (std::size_t j = 0; j < buffers.size(); ++j) buffer_update[j] = buffers[j] - buffers_at_step[j];
         const auto sent = comm.stats().bytes_sent;
+        const auto t_buffers = Clock::now();
         comm::allreduce(comm, buffer_update, {.op = comm::ReduceOp::Mean});
+        const auto t_buffers_end = Clock::now();
         out.traffic.buffers += comm.stats().bytes_sent - sent;
         for (std::size_t j = 0; j < buffers.size(); ++j) buffers[j] = buffers_at_step[j] + buffer_update[j];
-        t_wait_end = Clock::now();
+        // Exposed too, after the gradients': on this thread, after backward.
+        sample.comm += ms_between(t_buffers, t_buffers_end);
+        sample.spans.emplace_back(t_buffers, t_buffers_end);
+        buffers_exposed_ms = ms_between(t_buffers, t_buffers_end);
+        recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce buffers", t_buffers, t_buffers_end,
+                     comm.stats().bytes_sent - sent);
+        recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (buffers)", t_buffers, t_buffers_end);
       }
     }
     if (t_wait_end > t_backward_end) {
@@ -334,7 +343,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
-    sample.exposed = ms_between(t_backward_end, t_wait_end);
+    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms;
     sample.compute = sample.step - sample.exposed;
     out.steps.push_back(sample);
 

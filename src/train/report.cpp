@@ -92,12 +92,17 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        ", independent of the micro-batch)\n";
   const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   if (r.replicas > 1 && t0.gradients > 0) {
-    if (t0.gradient_messages == 0) {
+    if (t0.gradient_messages == 0) {  // in-process, also as the threads backend's --algorithm native
       s += "               counted by the shared-memory all-reduce, which sends no messages: what the other "
-           "replicas read of this one's gradients plus what it writes into theirs (--algorithm ring counts "
-           "messages)\n";
+           "replicas read of this one's gradients plus what it writes into theirs";
+      s += c.deterministic ? "\n" : " (--algorithm ring counts messages)\n";
+    } else if (c.algorithm == comm::Algorithm::Native) {  // Gloo's or MPI's own: only fingerprints counted
+      s += "               booked as a ring would send them: the transport's own all-reduce (--algorithm native) "
+           "does not report its traffic\n";
     } else {
-      std::snprintf(line, sizeof line, "               counted message by message: %.4g messages per step\n",
+      std::snprintf(line, sizeof line,
+                    "               counted message by message: %.4g messages per step (the all-reduces' rounds "
+                    "and segments; over processes, each all-reduce's fingerprint check too)\n",
                     double(t0.gradient_messages) / double(r.steps));
       s += line;
     }

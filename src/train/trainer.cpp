@@ -238,7 +238,9 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.samples_seen = 0;
   for (std::int64_t step = 0; step < p.total_steps; ++step)
     res.samples_seen += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
-  if (const auto last = sampler.shard(sampler.steps_per_epoch() - 1, 0); last.global_count < res.global_batch) {
+  // Only when the run reaches it.
+  if (const auto last = sampler.shard(sampler.steps_per_epoch() - 1, 0);
+      last.global_count < res.global_batch && p.total_steps >= sampler.steps_per_epoch()) {
     res.last_step_samples = last.global_count;
     res.last_step_min_shard = res.last_step_max_shard = last.end - last.begin;
     for (int r = 1; r < c.replicas; ++r) {

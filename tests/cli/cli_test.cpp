@@ -366,6 +366,7 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   const CliRun det = run(common + " --steps 2 --deterministic --atom 2 --report " + det_report.string());
   ASSERT_EQ(det.code, 0) << det.output;
   EXPECT_NE(det.output.find("of gradients in one all-reduce ("), std::string::npos) << det.output;
+  EXPECT_EQ(det.output.find("--algorithm ring"), std::string::npos) << "a flag --deterministic refuses";
   EXPECT_TRUE(nlohmann::json::parse(std::ifstream(det_report))["buckets"].empty());
   // The saved weights load back as --init.
   EXPECT_EQ(run(common + " --steps 1 --init " + weights.string()).code, 0);

@@ -230,7 +230,17 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
     const std::string out = launched.out();
     EXPECT_NE(out.find("\n  result"), std::string::npos) << out;
     EXPECT_EQ(out.find("[rank "), std::string::npos) << out;
+    // Over processes each all-reduce also sends its fingerprint check: one
+    // message per bucket more than the threads backend's ring.
+    EXPECT_NE(out.find("counted message by message"), std::string::npos) << out;
+    EXPECT_EQ(jb["bytes"]["gradient_messages_per_step_per_replica"].get<double>(),
+              ja["bytes"]["gradient_messages_per_step_per_replica"].get<double>() + double(ja["buckets"].size()));
   }
+  // Gloo's own all-reduce reports no traffic: booked, and said so.
+  const auto dir = run_dir("same_native");
+  CliRun native(dir, launch_args(2, train_args(data, {"--steps", "2", "--algorithm", "native"})));
+  ASSERT_EQ(native.wait(), 0) << native.err();
+  EXPECT_NE(native.out().find("booked as a ring would send them"), std::string::npos) << native.out();
 }
 
 #ifndef LOCKSTEP_MPIEXEC

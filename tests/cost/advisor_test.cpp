@@ -118,8 +118,8 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
   for (const Alternative& a : none.recommendation.ranked) EXPECT_FALSE(a.fits) << a.name;
   const std::string& summary = none.recommendation.summary;
   EXPECT_EQ(summary.find("Cheapest"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("Nothing listed here fits in the device's memory: the least any option needs is 130 MB "
-                         "(--micro-batch 1 --accumulate 32)"),
+  EXPECT_NE(summary.find("No option listed here fits in the device's memory on its own: the least any needs is "
+                         "130 MB (--micro-batch 1 --accumulate 32)"),
             std::string::npos)
       << summary;
 }

@@ -231,9 +231,28 @@ TEST(Divergence, BufferBitFlipIsCaughtWithSyncStatsAndExpectedWithLocal) {
   c.check_every = 4;
   const auto data = synthetic_data(512, 28 * 28);
   c.bn_stats = BnStats::Sync;
+  c.record_timeline = true;
   const auto clean = train(c, data);
+  c.record_timeline = false;
   EXPECT_EQ(clean.buffer_checks_differing, 0);
   EXPECT_EQ(clean.divergence_checks, 3);
+  // The buffers' all-reduce is communication the step waits for, on its own
+  // span; the wait for the OS between it and the gradients' is not.
+  for (int replica = 0; replica < 4; ++replica) {
+    for (std::int64_t step = 0; step < clean.steps; ++step) {
+      double backward_end = 0, gradients_end = 0, buffers_us = -1, exposed_us = 0;
+      for (const auto& e : clean.timeline) {
+        if (e.replica != replica || e.step != step) continue;
+        if (e.phase == Phase::Backward) backward_end = std::max(backward_end, e.end_us);
+        if (e.phase == Phase::Allreduce && e.name == "allreduce buffers") buffers_us = e.end_us - e.start_us;
+        else if (e.phase == Phase::Allreduce) gradients_end = std::max(gradients_end, e.end_us);
+        if (e.phase == Phase::Exposed) exposed_us += e.end_us - e.start_us;
+      }
+      ASSERT_GE(buffers_us, 0) << "replica " << replica << " step " << step;
+      EXPECT_NEAR(exposed_us, std::max(0.0, gradients_end - backward_end) + buffers_us, 1e-6)
+          << "replica " << replica << " step " << step;
+    }
+  }
   c.inject = {fault_from_string("bitflip-buffer@5:2")};
   std::string what;
   try {

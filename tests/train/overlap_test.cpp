@@ -72,6 +72,9 @@ TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
     EXPECT_EQ(runs[policy].last_step_max_shard, 30);
   }
   EXPECT_EQ(runs[Ragged::Drop].last_step_samples, 0);
+  auto short_run = config(8, 32);
+  short_run.steps = 2;  // ends before the epoch's last step
+  EXPECT_EQ(train(short_run, data).last_step_samples, 0);
   EXPECT_LT(max_abs_diff(runs[Ragged::Weighted].params, reference.params), 2e-6f);
   EXPECT_LT(max_abs_diff(runs[Ragged::Pad].params, reference.params), 2e-6f);
   EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f)

@@ -171,7 +171,7 @@ struct TrainResult {
   std::int64_t samples_seen = 0;
   // An epoch's last step when it is partial: its samples and the smallest
   // and largest shard (the sampler cuts them as evenly as it can); 0 when
-  // every step is full or --ragged drop drops the rest.
+  // every step is full, --ragged drop drops the rest, or the run ends before it.
   std::int64_t last_step_samples = 0, last_step_min_shard = 0, last_step_max_shard = 0;
   double final_loss = 0;
   std::optional<double> test_accuracy;

@@ -61,9 +61,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
         "gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
         "LOCKSTEP_RENDEZVOUS)");
   }
-  // Gloo's own waits add the timeout to the clock in nanoseconds; 30 days
-  // keeps that far from overflowing.
-  constexpr auto kMaxTimeout = std::chrono::hours(24 * 30);
+  using gloo_backend::kMaxTimeout;  // Gloo's waits overflow far beyond it
   if (o.timeout.count() <= 0 || o.rendezvous_timeout.count() <= 0 || o.timeout > kMaxTimeout ||
       o.rendezvous_timeout > kMaxTimeout) {
     throw InvalidArgument("gloo: timeouts must be positive and at most 30 days, got " +

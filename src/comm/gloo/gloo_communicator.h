@@ -42,6 +42,11 @@
 
 namespace lockstep::comm::gloo_backend {
 
+// Gloo's own waits add their timeout to the clock in nanoseconds: connect
+// refuses longer timeouts, and waits after it (set_timeout and wait() take
+// any Duration) are held to this.
+inline constexpr Duration kMaxTimeout{std::chrono::hours(24 * 30)};
+
 class GlooWork;
 
 class GlooCommunicator final : public Communicator, private NativeAllreduce {
