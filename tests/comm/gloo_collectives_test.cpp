@@ -12,6 +12,7 @@ namespace {
 
 // (world size, all-reduce algorithm or "others": the other collectives)
 class GlooGrid : public TempDirTest, public ::testing::WithParamInterface<std::tuple<int, std::string>> {};
+class GlooGroupTest : public TempDirTest {};
 
 TEST_P(GlooGrid, MatchesTheClosedFormBitwiseOnEveryRank) {
   const auto [n, algorithm] = GetParam();
@@ -36,6 +37,17 @@ INSTANTIATE_TEST_SUITE_P(Processes, GlooGrid,
 // Ranks bound to one loopback address per "node" (127.0.0.1, .2, ...): the
 // communicator reports those nodes, and the hierarchical all-reduce (which
 // Auto then picks above 64 KiB) matches the closed form on every rank.
+// Duration::max() as the timeout after connect (set_timeout takes any
+// Duration): Gloo adds its waits' timeouts to the clock, so GlooWork::wait
+// and the native all-reduce hold them to 30 days instead of overflowing.
+TEST_F(GlooGroupTest, TheLongestTimeoutAfterConnectWaitsForALateRank) {
+  GlooGroup group(dir_);
+  group.spawn_all(2, {"--world-size", "2", "--rendezvous", "file:" + (dir_ / "rdv").string(), "--scenario",
+                      "longest", "--timeout-ms", "30000"});
+  const auto exits = group.wait_all(std::chrono::seconds(60));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(exits[r].code, 0) << "rank " << r << ":\n" << exits[r].log;
+}
+
 class GlooNodes : public TempDirTest,
                   public ::testing::WithParamInterface<std::tuple<int, int, std::string>> {};
 

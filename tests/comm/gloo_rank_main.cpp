@@ -9,7 +9,9 @@
 // every other collective, over the closed-form grid), allreduce (one
 // checked all-reduce), hold (connect, mark D/connected.R, wait for D/go, one
 // all-reduce), after (one all-reduce, mark D/reduced.R, wait for D/go, one
-// more), loop (K all-reduces of 4 MiB, marking D/looping.R after the first).
+// more), loop (K all-reduces of 4 MiB, marking D/looping.R after the first),
+// longest (the timeout set to Duration::max() after connect, then a ring and
+// a native all-reduce that wait for a late rank).
 // Exit codes: 0 ok, 1 wrong result, 2 InvalidArgument, 3 CommAborted,
 // 4 TimeoutError, 5 another lockstep::Error, 6 anything else; the error goes
 // to stderr.
@@ -176,6 +178,12 @@ int run(std::map<std::string, std::string>& a) {
                           : allreduce_grid(*comm, algorithm_from_string(algorithm));
   } else if (scenario == "allreduce") {
     checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+  } else if (scenario == "longest") {  // Duration::max() after connect: Gloo's waits are held to 30 days
+    comm->set_timeout(Duration::max());
+    if (o.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others wait for it
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Ring);
+    if (o.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    checked_allreduce(*comm, 1000, ReduceOp::Sum, Algorithm::Native);
   } else if (scenario == "hold") {
     mark(dir, "connected", o.rank);
     wait_for_go(dir);
