@@ -1,5 +1,7 @@
 #include "lockstep/comm/communicator.h"
 
+#include "lockstep/error.h"
+
 namespace lockstep::comm {
 
 std::chrono::steady_clock::time_point deadline_after(Duration timeout, std::chrono::steady_clock::time_point from) {
@@ -8,6 +10,15 @@ std::chrono::steady_clock::time_point deadline_after(Duration timeout, std::chro
   // Whole milliseconds left before the clock's end; below that the sum fits.
   const auto room = std::chrono::duration_cast<Duration>(TimePoint::max() - from);
   return timeout >= room ? TimePoint::max() : from + timeout;
+}
+
+void refuse_call(Communicator& comm, const std::string& what) {
+  std::string reason = "rank ";  // built with += : GCC 12 warns falsely (-Wrestrict) on a + chain here
+  reason += std::to_string(comm.rank());
+  reason += ": ";
+  reason += what;
+  comm.abort(reason);
+  throw InvalidArgument(what);
 }
 
 std::span<std::byte> Communicator::scratch(std::size_t bytes) {

@@ -40,18 +40,6 @@ std::size_t mib_to_bytes(double mb, const char* what) {
   return static_cast<std::size_t>(mb * double(1 << 20));
 }
 
-// A call this rank cannot make while the other ranks go on into the step's
-// collectives (or the constructor's layout check) and would wait for it until
-// their timeout: abort the group, naming this rank, and throw InvalidArgument.
-[[noreturn]] void refuse(comm::Communicator& comm, const std::string& what) {
-  std::string reason = "rank ";  // += : GCC 12 warns falsely (-Wrestrict) on a + chain here
-  reason += std::to_string(comm.rank());
-  reason += ": ";
-  reason += what;
-  comm.abort(reason);
-  throw InvalidArgument(what);
-}
-
 // FNV-1a over the bucket layout: what every rank must agree on.
 std::uint64_t layout_hash(const std::vector<Bucket>& buckets) {
   std::uint64_t h = 14695981039346656037ull;
@@ -188,7 +176,7 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
                             comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
     }
   } catch (const Error& e) {
-    refuse(comm, e.what());
+    comm::refuse_call(comm, e.what());  // the others are waiting in check_same_layout
   }
   s.bucket_of.resize(tensor_numels.size());
   std::size_t widest = 0;
@@ -229,10 +217,10 @@ const std::vector<Bucket>& Reducer::buckets() const {
 void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   State& s = *state_;
   if (!(global_count > 0 && local_count >= 0 && local_count <= global_count)) {
-    refuse(s.comm, "Reducer::begin_step(" + std::to_string(local_count) + ", " + std::to_string(global_count) +
+    comm::refuse_call(s.comm, "Reducer::begin_step(" + std::to_string(local_count) + ", " + std::to_string(global_count) +
                        "): the local sample count must be in [0, global count] and the global count positive");
   }
-  if (s.in_step) refuse(s.comm, "Reducer::begin_step() called again before finish_step() ended the step");
+  if (s.in_step) comm::refuse_call(s.comm, "Reducer::begin_step() called again before finish_step() ended the step");
   const std::int64_t n = s.comm.size();
   for (std::size_t k = 0; k < s.buckets.size(); ++k) s.countdown[k] = s.buckets[k].tensors.size();
   std::fill(s.announced.begin(), s.announced.end(), 0);

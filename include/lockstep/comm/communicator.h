@@ -40,6 +40,12 @@ using Duration = std::chrono::milliseconds;
 std::chrono::steady_clock::time_point deadline_after(
     Duration timeout, std::chrono::steady_clock::time_point from = std::chrono::steady_clock::now());
 
+class Communicator;
+// A call this rank cannot make while the other ranks go on into it (a
+// collective, a reducer's step) and would wait for it until their timeout:
+// aborts the group with "rank R: <what>" and throws InvalidArgument(what).
+[[noreturn]] void refuse_call(Communicator& comm, const std::string& what);
+
 // A handle to one asynchronous transfer.
 class Work {
  public:
