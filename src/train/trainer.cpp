@@ -10,6 +10,7 @@
 #include "lockstep/error.h"
 #include "lockstep/nn/gemm.h"
 #include "atoms.h"
+#include "gather_timeline.h"
 #include "replica.h"
 
 namespace lockstep::train {
@@ -379,6 +380,8 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   }
   TrainResult result = assemble(c, p, outputs);
   result.traffic = gather_traffic(comm, result.traffic[0]);
+  // The trace and the SVG draw every rank, on rank 0's clock.
+  if (c.record_timeline) result.timeline = detail::gather_timeline(comm, std::move(result.timeline), shared.t0);
   return result;
 }
 

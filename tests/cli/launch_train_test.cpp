@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -337,6 +338,44 @@ TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   const std::string dir = err.substr(at + 16, err.find(')', at) - at - 16);
   ASSERT_NE(dir.find("lockstep-launch-"), std::string::npos) << dir;
   fs::remove_all(dir);
+}
+
+// --trace and --timeline-svg over processes draw every rank, not rank 0
+// alone, on one clock: a ring all-reduce cannot end on any rank before every
+// rank has started it, so each step's bucket spans overlap across the ranks
+// (up to the clock alignment's error).
+TEST_F(LaunchTrain, TheTraceAndTheTimelineShowEveryRankOnOneClock) {
+  const auto data = make_data_dir("trace");
+  const auto dir = run_dir("trace");
+  CliRun run(dir, launch_args(3, train_args(data, {"--steps", "6", "--algorithm", "ring", "--trace",
+                                                   (dir / "t.json").string(), "--timeline-svg",
+                                                   (dir / "t.svg").string()})));
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  const auto trace = nlohmann::json::parse(read_file(dir / "t.json"));
+  std::set<int> tids;
+  std::map<std::pair<std::int64_t, std::string>, std::vector<std::pair<double, double>>> allreduces;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    tids.insert(e["tid"].get<int>());
+    const std::string name = e["name"];
+    if (name.rfind("allreduce bucket", 0) != 0) continue;
+    const double ts = e["ts"], dur = e["dur"];
+    allreduces[{e["args"]["step"].get<std::int64_t>(), name}].push_back({ts, ts + dur});
+  }
+  EXPECT_EQ(tids, (std::set<int>{0, 1, 2, 3, 4, 5})) << "compute and comm rows of replicas 0, 1 and 2";
+  ASSERT_EQ(allreduces.size(), 6u);  // one bucket (the model is tiny), six steps
+  for (const auto& [key, spans] : allreduces) {
+    SCOPED_TRACE("step " + std::to_string(key.first) + ", " + key.second);
+    ASSERT_EQ(spans.size(), 3u);
+    double last_start = 0, first_end = 1e300;
+    for (const auto& [start, end] : spans) {
+      last_start = std::max(last_start, start);
+      first_end = std::min(first_end, end);
+    }
+    EXPECT_LE(last_start, first_end + 5000.0) << "an all-reduce ended before another rank started it";
+  }
+  const std::string svg = read_file(dir / "t.svg");
+  for (const char* row : {">replica 0<", ">replica 1<", ">replica 2<"}) EXPECT_NE(svg.find(row), std::string::npos) << row;
 }
 
 // The world size comes from the launcher; --replicas must agree with it.

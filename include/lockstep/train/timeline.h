@@ -5,7 +5,8 @@
 //   Compute: "forward", "backward <layer>", "optimizer", and "exposed comm"
 //            (the step waiting on communication after backward ended);
 //   Comm:    "allreduce bucket <k>" on the reducer's communication thread.
-// Times are microseconds since the start of the run (one clock for all).
+// Times are microseconds since the start of the run (one clock for all; over
+// a process group, rank 0's, the other ranks' events moved onto it).
 //
 // write_chrome_trace() writes Chrome's trace event format (opens in Perfetto
 // and chrome://tracing); render_timeline_svg() draws one step itself.

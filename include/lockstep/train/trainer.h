@@ -239,9 +239,11 @@ TrainResult train(const TrainConfig& config, const data::ImageClassificationData
 
 // Runs this process's one replica of a group that spans processes (Gloo,
 // MPI: comm/process_group.h). `config.replicas` must equal comm.size(). The
-// result is the same as train()'s, seen from this rank: `params`, the
-// timeline and the step-time medians are this rank's own; `traffic` holds
-// every rank's (gathered at the end). OpenBLAS threads: the cores are shared
+// result is the same as train()'s, seen from this rank: `params` and the
+// step-time medians are this rank's own; `traffic` holds every rank's
+// (gathered at the end); with config.record_timeline, rank 0's `timeline`
+// holds every rank's events, moved onto rank 0's clock (the others hold
+// their own). OpenBLAS threads: the cores are shared
 // by local_world_size() processes. A failure on this
 // rank aborts the group with its reason, so the other ranks stop at once.
 TrainResult train_replica(const TrainConfig& config, const data::ImageClassificationData& data,
