@@ -122,8 +122,10 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   }
   // Sharding needs replicas to shard over: each ZeRO stage at the fewest
   // replicas (2, 4, 8 ... or a listed count, up to the largest listed) at
-  // which it fits, named with that count. The outlines split the model, not
-  // the batch: at this count.
+  // which it fits, named with that count; at that count with the largest
+  // micro-batch that fits (ZeRO shards the state, smaller micro-batches shrink
+  // the activations: together they fit where neither does alone). The
+  // outlines split the model, not the batch: at this count.
   if (r.bound == Bound::Memory) {
     // Activations grow with the micro-batch; weights, gradients and optimizer
     // state do not, and sharding them (ZeRO) leaves activations whole. The
@@ -131,16 +133,27 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     // largest that fits.
     // If none fits, the smallest is listed all the same (marked as not
     // fitting), so that the least any option needs is on the list.
-    std::optional<Alternative> smaller;
-    for (std::int64_t m = 2; m <= o.step.micro_batch && o.step.micro_batch % m == 0; m *= 2) {
+    const std::int64_t mb = o.step.micro_batch;
+    std::vector<std::int64_t> splits;  // micro-batch mb / m, m micro-steps as many: 1, 2, 4 ... while m divides mb
+    for (std::int64_t m = 1; m <= mb && mb % m == 0; m *= 2) splits.push_back(m);
+    const auto split = [&](std::int64_t m) {
       PlanOptions a = o;
-      a.step.micro_batch = o.step.micro_batch / m;
+      a.step.micro_batch = mb / m;
       a.step.accumulate = o.step.accumulate * m;
-      smaller = as_alternative(plan_row(profile, a, r.replicas),
-                               "--micro-batch " + std::to_string(a.step.micro_batch) + " --accumulate " +
-                                   std::to_string(a.step.accumulate),
+      return a;
+    };
+    const auto split_name = [&](std::int64_t m) {
+      return "--micro-batch " + std::to_string(mb / m) + " --accumulate " + std::to_string(o.step.accumulate * m);
+    };
+    std::optional<Alternative> smaller;
+    for (std::size_t i = 1; i < splits.size(); ++i) {
+      const std::int64_t m = splits[i];
+      const PlanOptions a = split(m);
+      smaller = as_alternative(plan_row(profile, a, r.replicas), split_name(m),
                                "the same global batch in " + std::to_string(a.step.accumulate) +
                                    " micro-steps: 1/" + std::to_string(m) + " of the activations");
+      smaller->micro_batch = a.step.micro_batch;
+      smaller->accumulate = a.step.accumulate;
       if (smaller->fits) break;
     }
     if (smaller) out.push_back(*smaller);
@@ -150,23 +163,36 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
       if (n >= 2) counts.push_back(n);
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-    // One pass over the counts: each stage keeps its first fit (or, if none
-    // fits, its largest count); stop once all three fit.
+    // Counts ascending, and at each count micro-batches descending: each
+    // stage keeps its first fit, or while none fits, the one that needs the
+    // least memory; stop once all three fit.
     std::vector<Alternative> picks;  // ZeRO-1, -2, -3, in alternatives_at's order
+    std::vector<std::int64_t> pick_split;
     for (int n : counts) {
-      std::size_t k = 0;
-      bool all_fit = true;
-      for (const Alternative& a : alternatives_at(profile, o, n)) {
-        if (!a.name.starts_with("ZeRO")) continue;
-        if (k == picks.size()) picks.push_back(a);
-        else if (!picks[k].fits) picks[k] = a;
-        all_fit = all_fit && picks[k].fits;
-        ++k;
+      for (const std::int64_t m : splits) {
+        std::size_t k = 0;
+        for (const Alternative& a : alternatives_at(profile, split(m), n)) {
+          if (!a.name.starts_with("ZeRO")) continue;
+          if (k == picks.size()) {
+            picks.push_back(a);
+            pick_split.push_back(m);
+          } else if (!picks[k].fits && (a.fits || a.memory_bytes_per_device < picks[k].memory_bytes_per_device)) {
+            picks[k] = a;
+            pick_split[k] = m;
+          }
+          ++k;
+        }
       }
-      if (all_fit) break;
+      if (std::all_of(picks.begin(), picks.end(), [](const Alternative& a) { return a.fits; })) break;
     }
-    for (Alternative& a : picks) {
+    for (std::size_t k = 0; k < picks.size(); ++k) {
+      Alternative& a = picks[k];
       a.name += " at " + std::to_string(a.replicas) + " replicas";
+      if (pick_split[k] > 1) {
+        a.name += " with " + split_name(pick_split[k]);
+        a.micro_batch = mb / pick_split[k];
+        a.accumulate = o.step.accumulate * pick_split[k];
+      }
       out.push_back(a);
     }
     for (const Alternative& a : alternatives_at(profile, o, r.replicas))
@@ -185,6 +211,34 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   };
   std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   return out;
+}
+
+// After a remedy that changes the step (smaller micro-batches, accumulated):
+// how far data parallelism pays with it, over the listed counts.
+std::string with_remedy_text(const Profile& profile, const PlanOptions& o, const Alternative& remedy) {
+  PlanOptions a = o;
+  a.step.micro_batch = remedy.micro_batch;
+  a.step.accumulate = remedy.accumulate;
+  int max_ok = 0;
+  for (const int n : o.replicas) {
+    const PlanRow row = plan_row(profile, a, n);
+    if (!pays(row, a)) {
+      if (max_ok == 0)
+        return strf(" Even with %s, data parallelism does not pay at %d replicas: %s", remedy.name.c_str(),
+                    row.replicas, why_text(profile, a, row).c_str());
+      if (max_ok == 1)
+        return strf(" With %s, one replica is still the cheapest: at %d replicas the efficiency is %.2f: %s",
+                    remedy.name.c_str(), row.replicas, row.efficiency, why_text(profile, a, row).c_str());
+      const PlanRow ok = plan_row(profile, a, max_ok);
+      return strf(
+          " With %s, data parallelism pays up to %d replicas (efficiency %.2f); at %d the efficiency is %.2f: %s",
+          remedy.name.c_str(), max_ok, ok.efficiency, row.replicas, row.efficiency, why_text(profile, a, row).c_str());
+    }
+    max_ok = n;
+  }
+  const PlanRow last = plan_row(profile, a, max_ok);
+  return strf(" With %s, data parallelism pays at every listed count, up to %d replicas (efficiency %.2f).",
+              remedy.name.c_str(), max_ok, last.efficiency);
 }
 
 }  // namespace
@@ -246,12 +300,14 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
       for (const Alternative& a : rec.ranked)
         if (a.memory_bytes_per_device > 0 && a.memory_bytes_per_device < least->memory_bytes_per_device) least = &a;
       instead = strf(
-          " No option listed here fits in the device's memory on its own: the least any needs is %s (%s), "
-          "against %s. The plan does not combine them (ZeRO with smaller micro-batches, say); a combination "
-          "may fit, or a device with more memory.",
+          " No option listed here fits in the device's memory, ZeRO with smaller micro-batches included: the "
+          "least any needs is %s (%s), against %s. It needs a device with more memory, or the model split "
+          "(tensor or pipeline parallelism, outlined below).",
           bytes_text(least->memory_bytes_per_device).c_str(), least->name.c_str(),
           memory_text(o.device.memory_bytes).c_str());
     }
+    if (best->fits && !best->outline && best->micro_batch > 0 && best->name.starts_with("--micro-batch"))
+      instead += with_remedy_text(profile, o, *best);
     const bool bigger_batch = best->fits && (best->name.starts_with("raise --micro-batch") ||
                                              best->name.starts_with("--accumulate") ||
                                              best->replicas > failing->replicas);

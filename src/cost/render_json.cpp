@@ -21,6 +21,10 @@ json alternative_json(const Alternative& a) {
   } else if (a.efficiency > 0) {
     j["efficiency"] = a.efficiency;
   }
+  if (a.micro_batch > 0) {
+    j["micro_batch"] = a.micro_batch;
+    j["accumulate"] = a.accumulate;
+  }
   return j;
 }
 

@@ -110,16 +110,50 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
             std::string::npos)
       << plan.recommendation.summary;
 
-  // 100 MB: nothing fits (the state alone is 120 MB). The summary must not
-  // call an option that does not fit the cheapest; it names the least need:
-  // micro-batches of 1, 130 MB.
-  o.device.memory_bytes = 100e6;
+  EXPECT_EQ(best.micro_batch, 16);
+  EXPECT_EQ(best.accumulate, 2);
+  // And how far data parallelism pays with it, over the listed counts.
+  EXPECT_NE(plan.recommendation.summary.find("With --micro-batch 16 --accumulate 2, data parallelism pays"),
+            std::string::npos)
+      << plan.recommendation.summary;
+
+  // 105 MB: the state alone is 120 MB, so no micro-batch fits on one
+  // replica, and sharding alone leaves 320 MB of activations. Together they
+  // fit: each ZeRO stage at the fewest replicas where some micro-batch does,
+  // with the largest such micro-batch. ZeRO-3 at 2 replicas holds 60 MB of
+  // state: micro-batches of 4 (40 MB) fit, of 8 (80 MB) do not.
+  o.device.memory_bytes = 105e6;
+  const Plan combined = make_plan(p, o);
+  EXPECT_TRUE(combined.recommendation.ranked.front().fits);
+  std::map<std::string, const Alternative*> by_stage;
+  for (const Alternative& a : combined.recommendation.ranked)
+    if (a.name.starts_with("ZeRO")) by_stage[a.name.substr(0, 6)] = &a;
+  ASSERT_EQ(by_stage.size(), 3u);
+  EXPECT_EQ(by_stage["ZeRO-3"]->name, "ZeRO-3 at 2 replicas with --micro-batch 4 --accumulate 8");
+  EXPECT_EQ(by_stage["ZeRO-3"]->micro_batch, 4);
+  EXPECT_EQ(by_stage["ZeRO-3"]->accumulate, 8);
+  // ZeRO-2 at 2: 80 MB of state + 2 x 10 MB. ZeRO-1 at 2 needs 100 MB of
+  // state + 10 MB: at 4, 90 MB + 10 MB.
+  EXPECT_EQ(by_stage["ZeRO-2"]->name, "ZeRO-2 at 2 replicas with --micro-batch 2 --accumulate 16");
+  EXPECT_EQ(by_stage["ZeRO-1"]->name, "ZeRO-1 at 4 replicas with --micro-batch 1 --accumulate 32");
+  for (const auto& [stage, a] : by_stage) {
+    EXPECT_TRUE(a->fits) << a->name;
+    EXPECT_LE(a->memory_bytes_per_device, 105e6) << a->name;
+  }
+  EXPECT_EQ(combined.recommendation.summary.find("No option"), std::string::npos) << combined.recommendation.summary;
+
+  // 5 MB: one sample's activations (10 MB) do not fit, however the state is
+  // sharded. The summary must not call an option that does not fit the
+  // cheapest; it names the least need: ZeRO-3 over the most replicas
+  // searched, micro-batches of 1.
+  o.device.memory_bytes = 5e6;
   const Plan none = make_plan(p, o);
   for (const Alternative& a : none.recommendation.ranked) EXPECT_FALSE(a.fits) << a.name;
   const std::string& summary = none.recommendation.summary;
   EXPECT_EQ(summary.find("Cheapest"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("No option listed here fits in the device's memory on its own: the least any needs is "
-                         "130 MB (--micro-batch 1 --accumulate 32)"),
+  EXPECT_NE(summary.find("No option listed here fits in the device's memory, ZeRO with smaller micro-batches "
+                         "included: the least any needs is 10 MB (ZeRO-3 at 65536 replicas with --micro-batch 1 "
+                         "--accumulate 32)"),
             std::string::npos)
       << summary;
 }

@@ -63,6 +63,9 @@ struct Alternative {
   double comm_bytes_per_step = 0;  // per device
   bool fits = true;
   bool outline = false;  // tensor/pipeline parallelism: memory and communication only, no step time
+  // The micro-batch and micro-steps per step it runs with, where it changes
+  // them (smaller micro-batches when memory is the limit); 0: as planned.
+  std::int64_t micro_batch = 0, accumulate = 0;
 };
 
 struct Recommendation {
