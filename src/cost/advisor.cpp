@@ -120,12 +120,12 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--cycle-ms 1",
                                  "gradients wait less for a cycle (Horovod's default since 0.21)"));
   }
-  // Sharding needs replicas to shard over: each ZeRO stage at the fewest
-  // replicas (2, 4, 8 ... or a listed count, up to the largest listed) at
-  // which it fits, named with that count; at that count with the largest
-  // micro-batch that fits (ZeRO shards the state, smaller micro-batches shrink
-  // the activations: together they fit where neither does alone). The
-  // outlines split the model, not the batch: at this count.
+  // Sharding needs replicas to shard over: each ZeRO stage at the count
+  // (2, 4, 8 ... 65536, and the listed ones) and the micro-batch (the planned
+  // one, halved while it divides) that fit and cost the least per useful
+  // sample, named with both (ZeRO shards the state, smaller micro-batches
+  // shrink the activations: together they fit where neither does alone).
+  // The outlines split the model, not the batch: at this count.
   if (r.bound == Bound::Memory) {
     // Activations grow with the micro-batch; weights, gradients and optimizer
     // state do not, and sharding them (ZeRO) leaves activations whole. The
@@ -163,9 +163,10 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
       if (n >= 2) counts.push_back(n);
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-    // Counts ascending, and at each count micro-batches descending: each
-    // stage keeps its first fit, or while none fits, the one that needs the
-    // least memory; stop once all three fit.
+    // Every count with every micro-batch: each stage keeps the cheapest per
+    // useful sample that fits (at equal cost, the fewer replicas and the larger
+    // micro-batch, met first), or while none fits, the one that needs the
+    // least memory.
     std::vector<Alternative> picks;  // ZeRO-1, -2, -3, in alternatives_at's order
     std::vector<std::int64_t> pick_split;
     for (int n : counts) {
@@ -173,20 +174,31 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
         std::size_t k = 0;
         for (const Alternative& a : alternatives_at(profile, split(m), n)) {
           if (!a.name.starts_with("ZeRO")) continue;
+          const bool better =
+              k == picks.size() ||
+              (a.fits ? !picks[k].fits ||
+                            a.cost_per_million_useful_samples < picks[k].cost_per_million_useful_samples
+                      : !picks[k].fits && a.memory_bytes_per_device < picks[k].memory_bytes_per_device);
           if (k == picks.size()) {
             picks.push_back(a);
             pick_split.push_back(m);
-          } else if (!picks[k].fits && (a.fits || a.memory_bytes_per_device < picks[k].memory_bytes_per_device)) {
+          } else if (better) {
             picks[k] = a;
             pick_split[k] = m;
           }
           ++k;
         }
       }
-      if (std::all_of(picks.begin(), picks.end(), [](const Alternative& a) { return a.fits; })) break;
     }
+    // A stage that fits nowhere is listed only when no stage fits, and then
+    // only the one that needs the least (the least any option needs).
+    const bool any_fits = std::any_of(picks.begin(), picks.end(), [](const Alternative& a) { return a.fits; });
+    std::size_t least = 0;
+    for (std::size_t k = 1; k < picks.size(); ++k)
+      if (picks[k].memory_bytes_per_device < picks[least].memory_bytes_per_device) least = k;
     for (std::size_t k = 0; k < picks.size(); ++k) {
       Alternative& a = picks[k];
+      if (!a.fits && (any_fits || k != least)) continue;
       a.name += " at " + std::to_string(a.replicas) + " replicas";
       if (pick_split[k] > 1) {
         a.name += " with " + split_name(pick_split[k]);
@@ -226,13 +238,17 @@ std::string with_remedy_text(const Profile& profile, const PlanOptions& o, const
       if (max_ok == 0)
         return strf(" Even with %s, data parallelism does not pay at %d replicas: %s", remedy.name.c_str(),
                     row.replicas, why_text(profile, a, row).c_str());
+      const double floor = std::max(a.min_efficiency, 1 / (1 + a.max_cost_increase));
       if (max_ok == 1)
-        return strf(" With %s, one replica is still the cheapest: at %d replicas the efficiency is %.2f: %s",
-                    remedy.name.c_str(), row.replicas, row.efficiency, why_text(profile, a, row).c_str());
+        return strf(" With %s, one replica is still the cheapest. At %d replicas the efficiency falls to %.2f, under "
+                    "%.2f; %s",
+                    remedy.name.c_str(), row.replicas, row.efficiency, floor, why_text(profile, a, row).c_str());
       const PlanRow ok = plan_row(profile, a, max_ok);
       return strf(
-          " With %s, data parallelism pays up to %d replicas (efficiency %.2f); at %d the efficiency is %.2f: %s",
-          remedy.name.c_str(), max_ok, ok.efficiency, row.replicas, row.efficiency, why_text(profile, a, row).c_str());
+          " With %s, data parallelism pays up to %d replicas (efficiency %.2f). At %d the efficiency falls to %.2f, "
+          "under %.2f; %s",
+          remedy.name.c_str(), max_ok, ok.efficiency, row.replicas, row.efficiency, floor,
+          why_text(profile, a, row).c_str());
     }
     max_ok = n;
   }
@@ -301,8 +317,7 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
         if (a.memory_bytes_per_device > 0 && a.memory_bytes_per_device < least->memory_bytes_per_device) least = &a;
       instead = strf(
           " No option listed here fits in the device's memory, ZeRO with smaller micro-batches included: the "
-          "least any needs is %s (%s), against %s. It needs a device with more memory, or the model split "
-          "(tensor or pipeline parallelism, outlined below).",
+          "least any needs is %s (%s), against %s. It needs a device with more memory.",
           bytes_text(least->memory_bytes_per_device).c_str(), least->name.c_str(),
           memory_text(o.device.memory_bytes).c_str());
     }

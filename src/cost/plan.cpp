@@ -140,21 +140,29 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
     return a;
   };
   const double c = base.step.comm_ms, sent = base.step.bytes_sent;
-  // ZeRO (Rajbhandari et al. 2020). Stages 1 and 2: a reduce-scatter in
-  // backward hides as the all-reduce did; the all-gather of the updated
-  // parameters after the optimizer cannot hide (DeepSpeed's default), +c/2.
-  // Stage 3 gathers each layer's parameters before its forward (prefetched,
-  // hidden behind forward when it fits) and again in backward, where it is
-  // exposed in the same proportion as the all-reduce was: 1.5x the bytes.
-  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", base.step.step_ms + c / 2,
-                          m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
-  out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded", base.step.step_ms + c / 2,
-                          m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent));
+  // ZeRO (Rajbhandari et al. 2020), with k = --accumulate micro-steps per
+  // step. Stage 1 keeps whole gradients: they accumulate locally, and one
+  // reduce-scatter in backward hides as the all-reduce did; the all-gather of
+  // the updated parameters after the optimizer cannot hide (DeepSpeed's
+  // default), +c/2. Stage 2 keeps only its shard of the gradients, so every
+  // micro-step reduce-scatters (c/2 each); the k-1 more are exposed in the
+  // proportion the all-reduce was. Stage 3 also gathers each layer's
+  // parameters before every micro-step's forward (prefetched, hidden behind
+  // that forward when it fits) and again in its backward, where the gather
+  // and the reduce-scatter are exposed in the same proportion: 1.5x the
+  // bytes per micro-step.
+  const double k = double(o.step.accumulate);
   // Under Horovod's cycles the exposed time also holds the wait for a cycle: at most all of c.
   const double exposed_share = c > 0 ? std::min(1.0, base.step.exposed_comm_ms / c) : 0;
-  const double z3 = base.step.step_ms + std::max(0.0, c / 2 - base.step.forward_ms) + c / 2 * exposed_share;
+  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", base.step.step_ms + c / 2,
+                          m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
+  out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded",
+                          base.step.step_ms + c / 2 + (k - 1) * c / 2 * exposed_share,
+                          m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent * (k + 1) / 2));
+  const double z3 = base.step.step_ms + k * std::max(0.0, c / 2 - base.step.forward_ms / k) + c / 2 * exposed_share +
+                    (k - 1) * c * exposed_share;
   out.push_back(with_step("ZeRO-3", "weights, gradients and optimizer state sharded", z3,
-                          (m.weights + m.gradients + m.optimizer_state) / n + m.activations, 1.5 * sent));
+                          (m.weights + m.gradients + m.optimizer_state) / n + m.activations, 1.5 * sent * k));
   for (std::int64_t k : {4}) {
     PlanOptions a = o;
     a.step.accumulate = o.step.accumulate * k;

@@ -29,6 +29,9 @@ namespace lockstep::train::detail {
 namespace {
 
 constexpr int kProbes = 8;
+// Far above a long run's events (10 epochs of the default MLP: ~30 MB per
+// rank); a larger size is not a timeline.
+constexpr std::uint64_t kMaxBytes = std::uint64_t(1) << 30;
 constexpr std::uint64_t kTagProbe = 0x7101, kTagAnswer = 0x7102, kTagSize = 0x7103, kTagEvents = 0x7104;
 
 using Clock = std::chrono::steady_clock;
@@ -47,13 +50,13 @@ class Reader {
   template <class T>
   T get() {
     T v;
-    LOCKSTEP_CHECK(sizeof v <= bytes_.size() - at_, "a gathered timeline ends inside an event");
+    if (sizeof v > bytes_.size() - at_) throw Error("a rank's timeline ends inside an event");
     std::memcpy(&v, bytes_.data() + at_, sizeof v);
     at_ += sizeof v;
     return v;
   }
   std::string text(std::size_t n) {
-    LOCKSTEP_CHECK(n <= bytes_.size() - at_, "a gathered timeline ends inside an event's name");
+    if (n > bytes_.size() - at_) throw Error("a rank's timeline ends inside an event's name");
     std::string s(reinterpret_cast<const char*>(bytes_.data() + at_), n);
     at_ += n;
     return s;
@@ -127,8 +130,8 @@ std::vector<TimelineEvent> deserialize_events(std::span<const std::byte> bytes) 
     TimelineEvent e;
     e.replica = in.get<std::int32_t>();
     const auto track = in.get<std::uint8_t>(), phase = in.get<std::uint8_t>();
-    LOCKSTEP_CHECK(track <= std::uint8_t(Track::Comm) && phase <= std::uint8_t(Phase::Allreduce),
-                   "a gathered timeline event has an unknown track or phase");
+    if (track > std::uint8_t(Track::Comm) || phase > std::uint8_t(Phase::Allreduce))
+      throw Error("a rank's timeline has an event of unknown track or phase");
     e.track = Track(track);
     e.phase = Phase(phase);
     e.step = in.get<std::int64_t>();
@@ -156,7 +159,11 @@ std::vector<TimelineEvent> gather_timeline(comm::Communicator& comm, std::vector
   }
   for (int r = 1; r < comm.size(); ++r) {
     const double offset = measure_offset(comm, r, t0);
-    std::vector<std::byte> bytes(recv_value<std::uint64_t>(comm, r, kTagSize));
+    const auto size = recv_value<std::uint64_t>(comm, r, kTagSize);
+    if (size > kMaxBytes)
+      throw Error("rank " + std::to_string(r) + " announced a timeline of " + std::to_string(size) +
+                  " bytes, more than the " + std::to_string(kMaxBytes) + " rank 0 accepts");
+    std::vector<std::byte> bytes(size);
     if (!bytes.empty()) recv_bytes(comm, r, kTagEvents, bytes);
     for (TimelineEvent& e : deserialize_events(bytes)) {
       e.start_us -= offset;

@@ -366,22 +366,35 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 
-  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  // A failure here wakes the other processes at once, with the reason,
+  // instead of letting them time out.
+  const auto or_abort = [&](auto&& body) {
+    try {
+      return body();
+    } catch (const CommAborted&) {
+      throw;  // another rank's failure, already named in the reason
+    } catch (const std::exception& e) {
+      const std::string rank = "rank " + std::to_string(comm.rank()), what = e.what();
+      comm.abort(rank + " failed: " + (what.rfind(rank + ": ", 0) == 0 ? what.substr(rank.size() + 2) : what));
+      throw;
+    }
+  };
+  // Rank 0 writes the trace and the SVG, so its command line decides: every
+  // rank records its events, and sends them at the end, when rank 0 asked
+  // for them (--trace given to some hosts' ranks only is then no mismatch).
+  TrainConfig config = c;
+  std::uint8_t record = c.record_timeline ? 1 : 0;
+  or_abort([&] { comm::broadcast(comm, std::as_writable_bytes(std::span(&record, 1)), 0); });
+  config.record_timeline = record != 0;
+
+  detail::Shared shared{config, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   std::vector<detail::ReplicaOutput> outputs(1);
-  try {
-    outputs[0] = detail::run_replica(shared, comm);
-  } catch (const CommAborted&) {
-    throw;  // another rank's failure, already named in the reason
-  } catch (const std::exception& e) {
-    // Wake the other processes now, with the reason, instead of letting them time out.
-    const std::string rank = "rank " + std::to_string(comm.rank()), what = e.what();
-    comm.abort(rank + " failed: " + (what.rfind(rank + ": ", 0) == 0 ? what.substr(rank.size() + 2) : what));
-    throw;
-  }
-  TrainResult result = assemble(c, p, outputs);
-  result.traffic = gather_traffic(comm, result.traffic[0]);
+  or_abort([&] { outputs[0] = detail::run_replica(shared, comm); });
+  TrainResult result = assemble(config, p, outputs);
+  result.traffic = or_abort([&] { return gather_traffic(comm, result.traffic[0]); });
   // The trace and the SVG draw every rank, on rank 0's clock.
-  if (c.record_timeline) result.timeline = detail::gather_timeline(comm, std::move(result.timeline), shared.t0);
+  if (config.record_timeline)
+    result.timeline = or_abort([&] { return detail::gather_timeline(comm, std::move(result.timeline), shared.t0); });
   return result;
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -343,7 +344,10 @@ TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
 // --trace and --timeline-svg over processes draw every rank, not rank 0
 // alone, on one clock: a ring all-reduce cannot end on any rank before every
 // rank has started it, so each step's bucket spans overlap across the ranks
-// (up to the clock alignment's error).
+// (up to the clock alignment's error). On one host the processes' zeros are
+// only milliseconds apart, so this holds the rows and their order, not the
+// alignment; GatherTimeline.MovesEveryRankOntoRankZerosClock holds that, with
+// zeros seconds apart.
 TEST_F(LaunchTrain, TheTraceAndTheTimelineShowEveryRankOnOneClock) {
   const auto data = make_data_dir("trace");
   const auto dir = run_dir("trace");
@@ -376,6 +380,42 @@ TEST_F(LaunchTrain, TheTraceAndTheTimelineShowEveryRankOnOneClock) {
   }
   const std::string svg = read_file(dir / "t.svg");
   for (const char* row : {">replica 0<", ">replica 1<", ">replica 2<"}) EXPECT_NE(svg.find(row), std::string::npos) << row;
+}
+
+// Only rank 0 writes the trace, so its command line decides whether the
+// ranks send their events: a --trace given to rank 0's host only (or to the
+// others only) is no mismatch, and nothing is lost. Before, the ranks
+// disagreed on whether to gather, and rank 0 timed out after training
+// without writing --save.
+TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
+  const auto data = make_data_dir("trace_some");
+  for (const int traced : {0, 1}) {
+    SCOPED_TRACE("--trace on rank " + std::to_string(traced));
+    const auto dir = run_dir("trace_some" + std::to_string(traced));
+    fs::create_directories(dir / "rv");
+    std::vector<std::unique_ptr<CliRun>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> extra = {"--steps",      "4", "--backend", "gloo", "--rank", std::to_string(r),
+                                        "--world-size", "2", "--rendezvous", "file:" + (dir / "rv").string(),
+                                        "--timeout",    "20"};
+      if (r == traced) extra.insert(extra.end(), {"--trace", (dir / "t.json").string()});
+      if (r == 0) extra.insert(extra.end(), {"--save", (dir / "w.safetensors").string()});
+      const auto rank_dir = dir / ("rank" + std::to_string(r));
+      fs::create_directories(rank_dir);
+      ranks.push_back(std::make_unique<CliRun>(rank_dir, train_args(data, extra)));
+    }
+    for (auto& rank : ranks) EXPECT_EQ(rank->wait(), 0) << rank->err();
+    EXPECT_TRUE(fs::exists(dir / "w.safetensors"));
+    if (traced == 0) {
+      const auto trace = nlohmann::json::parse(read_file(dir / "t.json"));
+      std::set<int> tids;
+      for (const auto& e : trace["traceEvents"])
+        if (e["ph"] == "X") tids.insert(e["tid"].get<int>());
+      EXPECT_EQ(tids, (std::set<int>{0, 1, 2, 3})) << "both replicas' rows";
+    } else {
+      EXPECT_FALSE(fs::exists(dir / "t.json")) << "only rank 0 writes files";
+    }
+  }
 }
 
 // The world size comes from the launcher; --replicas must agree with it.

@@ -6,6 +6,7 @@
 #include "lockstep/cost/models.h"
 #include "lockstep/cost/plan.h"
 #include "lockstep/error.h"
+#include "cost/plan_internal.h"
 
 namespace lockstep::cost {
 namespace {
@@ -119,9 +120,8 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
 
   // 105 MB: the state alone is 120 MB, so no micro-batch fits on one
   // replica, and sharding alone leaves 320 MB of activations. Together they
-  // fit: each ZeRO stage at the fewest replicas where some micro-batch does,
-  // with the largest such micro-batch. ZeRO-3 at 2 replicas holds 60 MB of
-  // state: micro-batches of 4 (40 MB) fit, of 8 (80 MB) do not.
+  // fit. Each stage is offered at the count and micro-batch that fit and cost
+  // the least per useful sample: checked here against every pair searched.
   o.device.memory_bytes = 105e6;
   const Plan combined = make_plan(p, o);
   EXPECT_TRUE(combined.recommendation.ranked.front().fits);
@@ -129,17 +129,36 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
   for (const Alternative& a : combined.recommendation.ranked)
     if (a.name.starts_with("ZeRO")) by_stage[a.name.substr(0, 6)] = &a;
   ASSERT_EQ(by_stage.size(), 3u);
-  EXPECT_EQ(by_stage["ZeRO-3"]->name, "ZeRO-3 at 2 replicas with --micro-batch 4 --accumulate 8");
-  EXPECT_EQ(by_stage["ZeRO-3"]->micro_batch, 4);
-  EXPECT_EQ(by_stage["ZeRO-3"]->accumulate, 8);
-  // ZeRO-2 at 2: 80 MB of state + 2 x 10 MB. ZeRO-1 at 2 needs 100 MB of
-  // state + 10 MB: at 4, 90 MB + 10 MB.
-  EXPECT_EQ(by_stage["ZeRO-2"]->name, "ZeRO-2 at 2 replicas with --micro-batch 2 --accumulate 16");
-  EXPECT_EQ(by_stage["ZeRO-1"]->name, "ZeRO-1 at 4 replicas with --micro-batch 1 --accumulate 32");
+  std::map<std::string, double> cheapest;
+  std::map<std::string, std::string> cheapest_name;
+  for (int n = 2; n <= 65536; n *= 2) {
+    for (std::int64_t mb = 32; mb >= 1; mb /= 2) {
+      PlanOptions a = o;
+      a.step.micro_batch = mb;
+      a.step.accumulate = 32 / mb;
+      for (const Alternative& z : detail::alternatives_at(p, a, n)) {
+        if (!z.name.starts_with("ZeRO") || !z.fits) continue;
+        if (!cheapest.contains(z.name) || z.cost_per_million_useful_samples < cheapest[z.name]) {
+          cheapest[z.name] = z.cost_per_million_useful_samples;
+          cheapest_name[z.name] = z.name + " at " + std::to_string(n) + " replicas" +
+                                  (mb < 32 ? " with --micro-batch " + std::to_string(mb) + " --accumulate " +
+                                                 std::to_string(32 / mb)
+                                           : "");
+        }
+      }
+    }
+  }
   for (const auto& [stage, a] : by_stage) {
+    SCOPED_TRACE(stage);
     EXPECT_TRUE(a->fits) << a->name;
     EXPECT_LE(a->memory_bytes_per_device, 105e6) << a->name;
+    EXPECT_EQ(a->name, cheapest_name[stage]);
+    EXPECT_DOUBLE_EQ(a->cost_per_million_useful_samples, cheapest[stage]);
+    EXPECT_EQ(a->micro_batch * a->accumulate, 32) << "the same samples per replica per step";
   }
+  // ZeRO-3 at 2 replicas with micro-batches of 4 also fits (60 + 40 MB), but
+  // costs more than the pick: its 8 micro-steps each gather and reduce-scatter.
+  EXPECT_NE(by_stage["ZeRO-3"]->name, "ZeRO-3 at 2 replicas with --micro-batch 4 --accumulate 8");
   EXPECT_EQ(combined.recommendation.summary.find("No option"), std::string::npos) << combined.recommendation.summary;
 
   // 5 MB: one sample's activations (10 MB) do not fit, however the state is
@@ -156,6 +175,37 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
                          "--accumulate 32)"),
             std::string::npos)
       << summary;
+}
+
+// ZeRO with accumulation: stage 1 accumulates whole gradients locally (one
+// reduce-scatter a step); stage 2 reduce-scatters every micro-step; stage 3
+// also gathers the parameters twice every micro-step.
+TEST(Advisor, ZeroPaysForEveryMicroStepItShards) {
+  const Profile p = uniform(40e6, 10);
+  PlanOptions o = options({1, 4}, {1.25e9, 5e-6});
+  const auto zero = [&](std::int64_t k) {
+    PlanOptions a = o;
+    a.step.micro_batch = 32 / k;
+    a.step.accumulate = k;
+    std::map<std::string, Alternative> by_name;
+    for (const Alternative& z : detail::alternatives_at(p, a, 4)) by_name[z.name] = z;
+    return by_name;
+  };
+  const auto one = zero(1), eight = zero(8);
+  const double sent = one.at("data parallel").comm_bytes_per_step;  // 2P(N-1)/N
+  EXPECT_DOUBLE_EQ(sent, 2 * 40e6 * 3 / 4);
+  EXPECT_DOUBLE_EQ(one.at("ZeRO-1").comm_bytes_per_step, sent);
+  EXPECT_DOUBLE_EQ(one.at("ZeRO-2").comm_bytes_per_step, sent);
+  EXPECT_DOUBLE_EQ(one.at("ZeRO-3").comm_bytes_per_step, 1.5 * sent);
+  EXPECT_DOUBLE_EQ(eight.at("ZeRO-1").comm_bytes_per_step, sent);
+  EXPECT_DOUBLE_EQ(eight.at("ZeRO-2").comm_bytes_per_step, sent * 9 / 2);
+  EXPECT_DOUBLE_EQ(eight.at("ZeRO-3").comm_bytes_per_step, 1.5 * sent * 8);
+  // On a slow link the extra reduce-scatters and gathers show in the step.
+  const double dp8 = eight.at("data parallel").step_ms;
+  EXPECT_DOUBLE_EQ(eight.at("ZeRO-1").step_ms - dp8, one.at("ZeRO-1").step_ms - one.at("data parallel").step_ms);
+  EXPECT_GT(eight.at("ZeRO-2").step_ms, eight.at("ZeRO-1").step_ms);
+  EXPECT_GT(eight.at("ZeRO-3").step_ms, eight.at("ZeRO-2").step_ms);
+  EXPECT_GT(eight.at("ZeRO-3").step_ms - dp8, 4 * (one.at("ZeRO-3").step_ms - one.at("data parallel").step_ms));
 }
 
 TEST(Advisor, BatchPastTheCriticalBatch) {
