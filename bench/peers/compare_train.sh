@@ -6,13 +6,20 @@
 #   lockstep, one process per replica over Gloo/TCP on loopback (lockstep launch);
 #   lockstep, one process per replica over OpenMPI (shared memory on one host);
 #   PyTorch DDP (Debian's python3-torch, Gloo backend), one process per replica (ddp_train.py).
-# Every run is repeated (interleaved) and the median samples/s is printed with lockstep's
-# in-process speed-up over DDP. lockstep's numbers count every step, DDP's leave out 10 warm-up
-# steps. Usage: bench/peers/compare_train.sh [REPEATS] [STEPS]   (default 3, 600)
+# Every run is repeated (interleaved) and the median samples/s is printed with two speed-ups over
+# DDP: lockstep's in-process replicas (its default), and lockstep over the same transport as DDP
+# (Gloo's TCP). lockstep's numbers count every step, DDP's leave out 10 warm-up steps.
+# Usage: bench/peers/compare_train.sh [REPEATS] [STEPS] [CONFIG...]
+#   (default 3, 600, and the configs 8x32 2x128 1x256)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 repeats=${1:-3}
 steps=${2:-600}
+shift $(( $# < 2 ? $# : 2 ))
+configs=()
+for c in "${@:-8x32 2x128 1x256}"; do
+  for one in $c; do configs+=("${one/x/ }"); done
+done
 out="$root/build/peers"
 lockstep="$root/build/cli/lockstep"
 
@@ -22,7 +29,10 @@ missing=()
 for p in "${need[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  export DEBIAN_FRONTEND=noninteractive
+  # A fresh image may have no package lists: update once if the install cannot find them.
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 "$root/scripts/build.sh" >/dev/null
 mkdir -p "$out"
@@ -39,7 +49,6 @@ lockstep_row() {  # peer replicas micro-batch command...
   rm -f "$report"
 }
 
-configs=("8 32" "2 128" "1 256")
 for ((r = 1; r <= repeats; r++)); do
   for c in "${configs[@]}"; do
     read -r n b <<< "$c"
@@ -50,7 +59,7 @@ for ((r = 1; r <= repeats; r++)); do
       lockstep_row lockstep-mpi "$n" "$b" mpirun "${mpi_root[@]}" --oversubscribe -np "$n" "$lockstep" train --backend mpi
     fi
     /usr/bin/python3 "$root/bench/peers/ddp_train.py" --nproc "$n" --micro-batch "$b" --steps "$steps" >> "$results"
-    if [ "$n" -eq 1 ]; then  # torch 1.13 runs one process slower on two threads than on one: keep both
+    if [ "$n" -eq 1 ]; then  # one process: OpenBLAS on both cores, and on one; the faster is kept
       /usr/bin/python3 "$root/bench/peers/ddp_train.py" --nproc 1 --threads 1 --micro-batch "$b" --steps "$steps" >> "$results"
     fi
   done
@@ -59,15 +68,17 @@ done
 median() {  # peer replicas micro-batch: the median samples/s over its runs (for DDP, of its best thread count)
   jq -s --arg p "$1" --argjson n "$2" --argjson b "$3" '
     [.[] | select(.peer == $p and .replicas == $n and .micro_batch == $b)] | group_by(.threads)
-    | map([.[].samples_per_s] | sort | .[(length - 1) / 2 | floor]) | max // null' "$results"
+    | map([.[].samples_per_s] | sort | (.[(length - 1) / 2 | floor] + .[length / 2 | floor]) / 2) | max // null' "$results"
 }
-printf '%-8s %16s %14s %14s %14s %10s\n' config lockstep_threads lockstep_gloo lockstep_mpi pytorch_ddp speedup
+ratio() { jq -n --argjson a "$1" --argjson b "$2" 'if $a == null or $b == null then "-" else ($a / $b * 100 | round / 100 | tostring) + "x" end' -r; }
+printf '%-8s %16s %14s %14s %14s %16s %16s\n' config lockstep_threads lockstep_gloo lockstep_mpi pytorch_ddp \
+  threads_vs_ddp gloo_vs_ddp
 for c in "${configs[@]}"; do
   read -r n b <<< "$c"
   ours=$(median lockstep-threads "$n" "$b"); gloo=$(median lockstep-gloo "$n" "$b")
   mpi=$(median lockstep-mpi "$n" "$b"); ddp=$(median pytorch-ddp "$n" "$b")
   fmt() { [ "$1" = null ] && echo - || printf '%.0f' "$1"; }
-  speed=$(jq -n --argjson o "$ours" --argjson d "$ddp" '$o / $d * 10 | round / 10')
-  printf '%-8s %16s %14s %14s %14s %9sx\n' "$n x $b" "$(fmt "$ours")" "$(fmt "$gloo")" "$(fmt "$mpi")" "$(fmt "$ddp")" "$speed"
+  printf '%-8s %16s %14s %14s %14s %16s %16s\n' "$n x $b" "$(fmt "$ours")" "$(fmt "$gloo")" "$(fmt "$mpi")" \
+    "$(fmt "$ddp")" "$(ratio "$ours" "$ddp")" "$(ratio "$gloo" "$ddp")"
 done
 echo "samples/s, median of $repeats; raw results: $results"

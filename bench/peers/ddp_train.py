@@ -7,8 +7,8 @@ step's global batch cut into N contiguous shards of one permutation per epoch. D
 documentation recommends for speed: Gloo (the CPU backend), default buckets (25 MB, first 1 MB),
 gradient_as_bucket_view, zero_grad(set_to_none=True). BLAS threads per process as lockstep's (one
 each when there are at least as many processes as cores, else cores / processes) unless --threads
-says otherwise: torch 1.13 runs one process slower with two threads than with one on this machine,
-so the comparison script gives it both and keeps the faster.
+says otherwise; torch's own intra-op threads stay at one, since OpenMP threads around a
+multithreaded OpenBLAS run one process at a third of the speed on this machine.
 
 Timing favours DDP: the clock starts after --warmup untimed steps (lockstep's own number counts
 every step). Rank 0 prints one JSON line: peer, replicas, micro_batch, steps, samples_per_s, loss.
@@ -45,7 +45,7 @@ def run(rank, args, init_file, threads):
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # intra-op (OpenMP); the matrix products get OpenBLAS's `threads`
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=args.nproc)
     dims, pixels = read_idx(os.path.join(args.data, "train-images-idx3-ubyte"))
     _, labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte"))
@@ -110,13 +110,13 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--threads", type=int, default=0,
-                   help="BLAS and intra-op threads per process (0: as lockstep, 1 or cores / processes)")
+                   help="OpenBLAS threads per process (0: as lockstep, 1 or cores / processes)")
     args = p.parse_args()
     cores = os.cpu_count() or 1
     threads = args.threads or (1 if args.nproc >= cores else cores // args.nproc)
     # Before torch loads OpenBLAS in the children, which read it once.
     os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = "1"
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(run, args=(args, os.path.join(d, "init"), threads), nprocs=args.nproc, join=True)
