@@ -12,16 +12,7 @@ sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(4096 16384 65536 262144 1048576 4194304 16777216 67108864)
 
 "$root/scripts/setup.sh"
-need=(openmpi-bin libopenmpi-dev libgloo-dev jq)
-missing=()
-for p in "${need[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  # A fresh image may have no package lists: update once if the install cannot find them.
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
-fi
+"$root/bench/peers/need_packages.sh" openmpi-bin libopenmpi-dev libgloo-dev jq
 "$root/scripts/build.sh" >/dev/null
 mkdir -p "$out"
 mpicxx -O2 -std=c++17 "$root/bench/peers/mpi_allreduce.cpp" -o "$out/mpi_allreduce"

@@ -24,16 +24,7 @@ out="$root/build/peers"
 lockstep="$root/build/cli/lockstep"
 
 "$root/scripts/setup.sh"
-need=(python3-torch jq)
-missing=()
-for p in "${need[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  # A fresh image may have no package lists: update once if the install cannot find them.
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
-fi
+"$root/bench/peers/need_packages.sh" python3-torch jq
 "$root/scripts/build.sh" >/dev/null
 mkdir -p "$out"
 results="$out/train_results.jsonl"
