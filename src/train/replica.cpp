@@ -98,6 +98,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto fields = handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()));
   ddp::handshake(comm, fields);
   out.handshake_fields = fields.size();
+  // Rank 0 writes the trace and the SVG, so over processes its command line
+  // decides whether every rank records its events (a --trace given to some
+  // hosts' ranks only is then no mismatch); part of the set-up bytes.
+  std::uint8_t record = c.record_timeline ? 1 : 0;
+  if (s.timeline_from_rank0) comm::broadcast(comm, std::as_writable_bytes(std::span(&record, 1)), 0);
+  out.recorded_timeline = record != 0;
   out.traffic.setup = comm.stats().bytes_sent;
 
   // Weights: made once on rank 0, broadcast once, verified, never exchanged again.
@@ -138,7 +144,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   for (std::size_t i = 0; i < model->layer_count(); ++i) {
     layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
   }
-  Recorder recorder(c.record_timeline, rank, s.t0);
+  Recorder recorder(out.recorded_timeline, rank, s.t0);
   auto buffers = model->buffers();
   const bool sync_buffers = c.bn_stats == BnStats::Sync && !buffers.empty() && !c.deterministic;
   std::vector<float> buffers_at_step(c.deterministic || sync_buffers ? buffers.size() : 0);

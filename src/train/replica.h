@@ -19,6 +19,9 @@ struct Shared {  // read-only during training; owned by train()
   std::int64_t total_steps;
   std::int64_t warmup_steps;                 // < total_steps; 0 if the config asked for too many
   std::chrono::steady_clock::time_point t0;  // the timeline's zero, the same for all replicas
+  // Over a process group, rank 0's config.record_timeline decides for every
+  // rank (it alone writes the trace), broadcast after the handshake.
+  bool timeline_from_rank0 = false;
 };
 
 struct StepSample {  // one step of one replica, in ms
@@ -42,7 +45,8 @@ struct ReplicaOutput {
   std::vector<ddp::Bucket> buckets;
   bool overlapped = false;
   std::vector<StepSample> steps;
-  std::vector<TimelineEvent> events;  // if config.record_timeline
+  bool recorded_timeline = false;      // config.record_timeline, or rank 0's (Shared::timeline_from_rank0)
+  std::vector<TimelineEvent> events;  // if recorded_timeline
   std::size_t handshake_fields = 0;
   std::int64_t divergence_checks = 0, repairs = 0, accounting_checks = 0, buffer_checks_differing = 0;
   std::vector<TrainResult::Skip> skipped;

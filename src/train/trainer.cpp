@@ -379,21 +379,15 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
       throw;
     }
   };
-  // Rank 0 writes the trace and the SVG, so its command line decides: every
-  // rank records its events, and sends them at the end, when rank 0 asked
-  // for them (--trace given to some hosts' ranks only is then no mismatch).
-  TrainConfig config = c;
-  std::uint8_t record = c.record_timeline ? 1 : 0;
-  or_abort([&] { comm::broadcast(comm, std::as_writable_bytes(std::span(&record, 1)), 0); });
-  config.record_timeline = record != 0;
-
-  detail::Shared shared{config, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now(),
+                        /*timeline_from_rank0=*/true};
   std::vector<detail::ReplicaOutput> outputs(1);
   or_abort([&] { outputs[0] = detail::run_replica(shared, comm); });
-  TrainResult result = assemble(config, p, outputs);
+  const bool recorded = outputs[0].recorded_timeline;
+  TrainResult result = assemble(c, p, outputs);
   result.traffic = or_abort([&] { return gather_traffic(comm, result.traffic[0]); });
   // The trace and the SVG draw every rank, on rank 0's clock.
-  if (config.record_timeline)
+  if (recorded)
     result.timeline = or_abort([&] { return detail::gather_timeline(comm, std::move(result.timeline), shared.t0); });
   return result;
 }
