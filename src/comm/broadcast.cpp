@@ -15,7 +15,7 @@ namespace lockstep::comm {
 void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
   const int n = comm.size();
   if (root < 0 || root >= n) {
-    detail::invalid_call(
+    refuse_call(
         comm, "broadcast root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(n));
   }
   const Fingerprint fp = detail::start_collective(comm, CollectiveKind::Broadcast, ReduceOp::Sum,

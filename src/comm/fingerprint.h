@@ -34,10 +34,6 @@ void run_collective(Communicator& comm, const Fingerprint& fp, Body&& body) {
   }
 }
 
-// A call this rank cannot make: abort the group (the others are, or will be,
-// waiting for this rank in the same call) and throw InvalidArgument.
-[[noreturn]] inline void invalid_call(Communicator& comm, const std::string& msg) { refuse_call(comm, msg); }
-
 [[noreturn]] void fingerprint_mismatch(Communicator& comm, int other_rank, const Fingerprint& mine,
                                        const Fingerprint& theirs);
 

@@ -98,7 +98,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
 
 void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op) {
   if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
-    detail::invalid_call(comm, std::string("allreduce_bf16: op ") + to_string(op) +
+    refuse_call(comm, std::string("allreduce_bf16: op ") + to_string(op) +
                                    " is not supported; the choices are sum and mean");
   }
   Fingerprint fp =

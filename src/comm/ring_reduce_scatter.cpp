@@ -21,7 +21,7 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
   const std::size_t count = in.size();
   const std::size_t mine = detail::chunk_begin(count, n, r);
   if (out.size() != detail::chunk_begin(count, n, r + 1) - mine) {
-    detail::invalid_call(comm, "reduce_scatter: rank " + std::to_string(r) + " needs an output of " +
+    refuse_call(comm, "reduce_scatter: rank " + std::to_string(r) + " needs an output of " +
                                    std::to_string(detail::chunk_begin(count, n, r + 1) - mine) +
                                    " elements, got " + std::to_string(out.size()));
   }
@@ -61,7 +61,7 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
   const int n = comm.size(), r = comm.rank();
   const std::size_t block = in.size();
   if (out.size() != block * static_cast<std::size_t>(n)) {
-    detail::invalid_call(comm, "all_gather: the output must hold " + std::to_string(n) + " x " +
+    refuse_call(comm, "all_gather: the output must hold " + std::to_string(n) + " x " +
                                    std::to_string(block) + " elements, got " + std::to_string(out.size()));
   }
   const Fingerprint fp =

@@ -99,7 +99,7 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
   void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
     if (verify) check_fingerprint(fp);
     if (data.size() > static_cast<std::size_t>(INT_MAX)) {
-      detail::invalid_call(
+      refuse_call(
           *this, "the MPI all-reduce takes at most 2^31 - 1 elements, got " + std::to_string(data.size()));
     }
     const MPI_Op op = fp.op == ReduceOp::Max ? MPI_MAX : fp.op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
