@@ -96,7 +96,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
 
 }  // namespace
 
-void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op) {
+void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op, std::uint64_t global_batch) {
   if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
     refuse_call(comm, std::string("allreduce_bf16: op ") + to_string(op) +
                                    " is not supported; the choices are sum and mean");
@@ -105,6 +105,7 @@ void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp 
       detail::start_collective(comm, CollectiveKind::Allreduce, op, DataType::BFloat16, data.size());
   if (comm.size() == 1) return;                                // Sum and Mean over one rank are the identity
   fp.algorithm = static_cast<std::uint32_t>(Algorithm::Ring);  // ranks must agree on it too
+  fp.global_batch = global_batch;
   detail::run_collective(comm, fp, [&] {
     comm.check_fingerprint(fp);
     ring_allreduce_bf16(comm, data, op, fp.sequence);

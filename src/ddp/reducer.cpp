@@ -94,6 +94,7 @@ struct Reducer::State {
   std::size_t next = 0;     // the bucket the communication thread does next
   std::exception_ptr error;
   float weight = 1;
+  std::uint64_t global_count = 0;  // checked with every bucket's fingerprint (AllreduceOptions::global_batch)
   StepTiming timing;
 
   // Communication thread only (between begin_step and finish_step).
@@ -103,12 +104,12 @@ struct Reducer::State {
 
   State(comm::Communicator& c, std::span<float> g) : comm(c), grads(g) {}
 
-  void reduce(const Bucket& b, float w) {
+  void reduce(const Bucket& b, float w, std::uint64_t global_batch) {
     auto g = grads.subspan(b.offset, b.numel);
     if (w != 1.0f)
       for (float& v : g) v *= w;
     if (options.compression == Compression::None) {
-      comm::allreduce(comm, g, {.op = comm::ReduceOp::Mean, .algorithm = options.algorithm});
+      comm::allreduce(comm, g, {.op = comm::ReduceOp::Mean, .algorithm = options.algorithm, .global_batch = global_batch});
       return;
     }
     auto e = std::span<float>(residual).subspan(b.offset, b.numel);
@@ -118,7 +119,7 @@ struct Reducer::State {
       q[i] = comm::to_bf16(v);
       e[i] = std::isfinite(v) ? v - comm::from_bf16(q[i]) : 0.0f;  // a NaN must not outlive its step
     }
-    comm::allreduce_bf16(comm, q, comm::ReduceOp::Mean);
+    comm::allreduce_bf16(comm, q, comm::ReduceOp::Mean, global_batch);
     comm::from_bf16(q, g);
   }
 
@@ -129,12 +130,13 @@ struct Reducer::State {
       if (stop) return;
       const std::size_t k = next;
       const float w = weight;
+      const std::uint64_t batch = global_count;
       lock.unlock();
       const auto start = Clock::now();
       const comm::CommStats before = comm.stats();
       std::exception_ptr failed;
       try {
-        reduce(buckets[k], w);
+        reduce(buckets[k], w, batch);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -228,6 +230,7 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   s.weight = local_count * n == global_count
                  ? 1.0f
                  : static_cast<float>(static_cast<double>(n * local_count) / double(global_count));
+  s.global_count = static_cast<std::uint64_t>(global_count);
   std::fill(s.ready.begin(), s.ready.end(), 0);
   s.next = 0;
   s.error = nullptr;
@@ -267,7 +270,7 @@ const StepTiming& Reducer::finish_step() {
       const comm::CommStats before = s.comm.stats();
       t.start = Clock::now();
       s.next = k;
-      s.reduce(s.buckets[k], s.weight);
+      s.reduce(s.buckets[k], s.weight, s.global_count);
       t.end = Clock::now();
       const comm::CommStats after = s.comm.stats();
       t.bytes_sent = after.bytes_sent - before.bytes_sent;

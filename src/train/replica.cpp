@@ -262,7 +262,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       comm::NativeAllreduce* native = comm.native_allreduce();
       const auto tree = native != nullptr && native->shares_memory() ? comm::Algorithm::SharedMemory
                                                                      : comm::Algorithm::Tree;
-      comm::allreduce(comm, total, {.op = comm::ReduceOp::Sum, .algorithm = tree});
+      comm::allreduce(comm, total,
+                      {.op = comm::ReduceOp::Sum, .algorithm = tree, .global_batch = std::uint64_t(shard.global_count)});
       t_wait_end = Clock::now();
       out.traffic.gradients += comm.stats().bytes_sent - sent;
       out.traffic.gradient_messages += comm.stats().messages_sent - messages;

@@ -329,6 +329,59 @@ TEST(Reducer, ARefusalOnOneRankStopsEveryRankAtOnce) {
   }
 }
 
+// Replicas given different global sample counts would weight their
+// gradients differently and go on with wrong means. Every bucket's
+// fingerprint carries the count, so the step fails on every replica, naming
+// both counts, on every path: overlapped or not, float or bf16, one bucket or
+// several, the shared-memory path and the point-to-point ring; and
+// average_gradients, the reducer's naive sibling, alike.
+TEST(Reducer, ReplicasGivenDifferentGlobalCountsFailTheStepNamingBoth) {
+  struct Case {
+    ReducerOptions options;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {{}, "default"},
+      {{.bucket_mb = 0}, "one bucket"},
+      {{.overlap = false}, "after backward"},
+      {{.algorithm = comm::Algorithm::Ring}, "ring"},
+      {{.compression = Compression::Bf16}, "bf16"},
+  };
+  auto expect_named = [](const std::vector<std::exception_ptr>& errors, const char* name) {
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(errors[r]) << name << ", rank " << r;
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const CommAborted& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("global batch of 6 samples"), std::string::npos) << name << ": " << what;
+        EXPECT_NE(what.find("global batch of 7 samples"), std::string::npos) << name << ": " << what;
+      }
+    }
+  };
+  for (const auto& c : cases) {
+    const auto errors = run_ranks(
+        3,
+        [&](comm::Communicator& comm) {
+          std::vector<float> grads(total_numel(), 1.0f);
+          Reducer reducer(comm, grads, kNumels, c.options);
+          reducer.begin_step(2, comm.rank() == 2 ? 7 : 6);
+          for (std::size_t t = kNumels.size(); t-- > 0;) reducer.mark_ready(t);
+          reducer.finish_step();
+        },
+        std::chrono::seconds(60), std::chrono::seconds(20));
+    expect_named(errors, c.name);
+  }
+  const auto errors = run_ranks(
+      3,
+      [&](comm::Communicator& comm) {
+        std::vector<float> grads(100, 1.0f);
+        average_gradients(comm, grads, 2, comm.rank() == 0 ? 7 : 6);
+      },
+      std::chrono::seconds(60), std::chrono::seconds(20));
+  expect_named(errors, "average_gradients");
+}
+
 // Duration::max() as the group's timeout waits as long as it takes: the
 // reducer's own bound (timeout x (2 + buckets)) used to overflow, and
 // finish_step gave up at once.

@@ -38,6 +38,11 @@ struct AllreduceOptions {
   // 4 MiB (measured across shaped links: docs/results.md). Every rank must
   // pass the same value (message sizes differ otherwise, and the group aborts).
   std::size_t ring_segment_bytes = 0;
+  // The step's global sample count, where the data was weighted by it (the
+  // reducer, average_gradients). Checked with the fingerprint: a rank that
+  // passes another count fails the call on every rank, naming both. 0 checks
+  // nothing more.
+  std::uint64_t global_batch = 0;
 };
 
 const char* to_string(ReduceOp op);
@@ -56,7 +61,8 @@ void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions
 // a result carries N-1 roundings to bf16 (error bound: ring_allreduce_bf16.cpp).
 // Ring: 2(N-1) rounds; bytes sent per rank 2(N-1)/N x 2 x count, half the
 // float ring's 2(N-1)/N x 4 x count.
-void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op);
+// `global_batch`: as AllreduceOptions::global_batch.
+void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp op, std::uint64_t global_batch = 0);
 
 // `in` (the same count on every rank) is cut into N chunks as evenly as
 // possible (chunk i = [i*count/N, (i+1)*count/N)); rank r receives in `out`

@@ -85,6 +85,11 @@ struct Fingerprint {
   std::int32_t root = -1;       // -1 where there is none
   std::uint32_t algorithm = 0;  // the comm::Algorithm the call resolved to; 0 where there is no choice
   std::uint64_t segment_bytes = 0;  // the ring's segment size (it cuts messages and tags); 0 for others
+  // The step's global sample count, where the caller weights the data by it
+  // (the reducer, average_gradients); 0 for none. Ranks given different
+  // counts would weight their gradients differently and go on with wrong
+  // means (AllreduceOptions::global_batch).
+  std::uint64_t global_batch = 0;
   bool operator==(const Fingerprint&) const = default;
 };
 

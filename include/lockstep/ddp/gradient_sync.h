@@ -8,8 +8,13 @@
 // the exact mean over all samples rather than a mean of means that would
 // over-weight the short shard.
 //
-// The reducer with buckets that overlaps this with backward comes later; it
-// keeps this contract.
+// `global_count` must be the same on every replica (the all-reduce's
+// fingerprint checks it: a replica given another fails the call on every
+// replica, naming both) and the sum of the local counts (the caller's to
+// keep). Counts out of range fail the call on every replica too.
+//
+// ddp::Reducer keeps this contract with buckets overlapped with backward;
+// this is its naive sibling.
 #pragma once
 
 #include <cstdint>

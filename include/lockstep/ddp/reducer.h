@@ -17,7 +17,10 @@
 // On return every replica holds the mean gradient over all `global` samples
 // (the contract of ddp::average_gradients, which is the reducer's naive
 // sibling: one all-reduce after backward). `global` must be the same on every
-// replica (the sum of the `local` counts); nothing checks it across ranks.
+// replica, the sum of the `local` counts. The first is checked: each bucket's
+// fingerprint carries `global` (comm::AllreduceOptions::global_batch), so a replica
+// given another count fails the step on every replica with CommAborted naming
+// both. The sum is the caller's to keep (the sampler's shards keep it).
 //
 // Gradient accumulation (K micro-steps, one all-reduce): call begin_step once
 // with the counts of all K micro-batches, run the K forward and backward
