@@ -14,7 +14,12 @@ Timing favours DDP: the clock starts after --warmup untimed steps (lockstep's ow
 every step). Rank 0 prints one JSON line: peer, replicas, micro_batch, steps, samples_per_s, loss.
 
     /usr/bin/python3 bench/peers/ddp_train.py --nproc 8 --micro-batch 32 --steps 600
+
+Across machines (bench/peers/compare_hosts_train.sh runs it so in test hosts): each machine runs
+its --nproc ranks, numbered from --first-rank, of a --world-size job that meets at --master
+ADDR:PORT (torch's TCP store on the machine of rank 0). GLOO_SOCKET_IFNAME names the interface.
 """
+
 import argparse
 import gzip
 import json
@@ -39,14 +44,15 @@ def read_idx(path):
     sys.exit(f"ddp_train.py: no IDX file {path} (or .gz); install dataset-fashion-mnist or pass --data.")
 
 
-def run(rank, args, init_file, threads):
+def run(local_rank, args, init, threads):
     import torch
     import torch.distributed as dist
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)  # intra-op (OpenMP); the matrix products get OpenBLAS's `threads`
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=args.nproc)
+    rank, world = args.first_rank + local_rank, args.world_size or args.nproc
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     dims, pixels = read_idx(os.path.join(args.data, "train-images-idx3-ubyte"))
     _, labels = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte"))
     features = dims[1] * dims[2]
@@ -61,12 +67,15 @@ def run(rank, args, init_file, threads):
         if i < len(widths) - 2:
             layers.append(nn.ReLU())
     model = DDP(nn.Sequential(*layers), gradient_as_bucket_view=True)
+    if args.compress == "fp16":  # torch's own hook: each bucket all-reduced as float16, no error feedback
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     total = args.warmup + args.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / total)))
     loss_fn = nn.CrossEntropyLoss()
 
-    global_batch = args.nproc * args.micro_batch
+    global_batch = world * args.micro_batch
     steps_per_epoch = dims[0] // global_batch  # full global batches only
     order = None
     loss_sum, loss_n = 0.0, 0
@@ -92,7 +101,8 @@ def run(rank, args, init_file, threads):
     dist.barrier()
     seconds = time.perf_counter() - t0
     if rank == 0:
-        print(json.dumps({"peer": "pytorch-ddp", "torch": torch.__version__, "replicas": args.nproc, "threads": threads,
+        print(json.dumps({"peer": "pytorch-ddp", "torch": torch.__version__, "replicas": world, "threads": threads,
+                          "compress": args.compress,
                           "micro_batch": args.micro_batch, "steps": args.steps,
                           "samples_per_s": global_batch * args.steps / seconds,
                           "loss": loss_sum / loss_n}), flush=True)
@@ -111,15 +121,26 @@ def main():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--threads", type=int, default=0,
                    help="OpenBLAS threads per process (0: as lockstep, 1 or cores / processes)")
+    p.add_argument("--compress", choices=["none", "fp16"], default="none",
+                   help="fp16: DDP's fp16_compress_hook, half the bytes as lockstep's --compress bf16 (torch's "
+                        "bf16_compress_hook needs CUDA)")
+    p.add_argument("--master", default="", help="ADDR:PORT of rank 0's TCP store (several machines)")
+    p.add_argument("--world-size", type=int, default=0, help="ranks on all machines (default --nproc)")
+    p.add_argument("--first-rank", type=int, default=0, help="the rank of this machine's first process")
     args = p.parse_args()
+    if bool(args.master) != bool(args.world_size) or args.first_rank + args.nproc > (args.world_size or args.nproc):
+        p.error("--master and --world-size go together, and --first-rank + --nproc must not exceed --world-size")
     cores = os.cpu_count() or 1
     threads = args.threads or (1 if args.nproc >= cores else cores // args.nproc)
     # Before torch loads OpenBLAS in the children, which read it once.
     os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch.multiprocessing as mp
+    if args.master:
+        mp.spawn(run, args=(args, "tcp://" + args.master, threads), nprocs=args.nproc, join=True)
+        return
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(run, args=(args, os.path.join(d, "init"), threads), nprocs=args.nproc, join=True)
+        mp.spawn(run, args=(args, "file://" + os.path.join(d, "init"), threads), nprocs=args.nproc, join=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@
 // Rounds: 2(N-1). Bytes sent per rank: 2(N-1) chunks of count/N bf16 values
 // = 2(N-1)/N x 2 bytes per element, half the float ring's 2(N-1)/N x 4.
 // Latency term: 2(N-1) message latencies. Memory: scratch of one chunk as
-// float (the partial sum) plus one as bf16 (the received chunk).
+// float (the partial sum) plus two as bf16 (received chunks: receives are
+// posted two rounds ahead, Note [Receive one round ahead]).
 //
 // Note [bf16 all-reduce error bound]
 // The chunk that starts at rank c sums x_1..x_N (bf16 values, in ring order
@@ -32,7 +33,9 @@
 // range add at most half a subnormal step (2^-134) per rounding.
 // The error is relative to sum |x_i|, not |sum x_i|: with cancellation the
 // relative error of the result is unbounded, as for any low-precision sum.
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "algorithms.h"
 #include "fingerprint.h"
@@ -63,34 +66,59 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
     const std::size_t b = detail::chunk_begin(count, n, i);
     return data.subspan(b, detail::chunk_begin(count, n, i + 1) - b);
   };
-  // Scratch: the float partial sum, then the received bf16 chunk (the float
-  // part first keeps both aligned).
+  // Scratch: the float partial sum, then two received bf16 chunks (the
+  // float part first keeps all aligned): receives are posted ahead (Note
+  // [Receive one round ahead]), into the wire buffer no round in flight reads.
   const std::size_t max_chunk = (count + n - 1) / n;
-  auto scratch = comm.scratch(max_chunk * (sizeof(float) + sizeof(std::uint16_t)));
+  auto scratch = comm.scratch(max_chunk * (sizeof(float) + 2 * sizeof(std::uint16_t)));
   auto* acc_base = reinterpret_cast<float*>(scratch.data());
   auto* wire_base = reinterpret_cast<std::uint16_t*>(scratch.data() + max_chunk * sizeof(float));
+  const int rounds = 2 * (n - 1);
+  auto wire = [&](int round) {  // the reduce-scatter's receive buffer of `round`
+    return std::span<std::uint16_t>(wire_base + (round % 2) * max_chunk, chunk(r - round - 1).size());
+  };
+  auto post_recv = [&](int round) -> std::unique_ptr<Work> {
+    if (round >= rounds) return nullptr;
+    const auto into = round < n - 1 ? wire(round) : chunk(r - (round - (n - 1)));  // all-gather: in place
+    return comm.irecv(left, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_writable_bytes(into));
+  };
 
-  std::uint32_t round = 0;
-  for (int s = 0; s < n - 1; ++s, ++round) {
-    auto out = chunk(r - s);
-    auto in = chunk(r - s - 1);
-    std::span<std::uint16_t> wire(wire_base, in.size());
-    std::span<float> acc(acc_base, in.size());
-    auto recv_work = comm.irecv(left, detail::make_tag(seq, round), std::as_writable_bytes(wire));
-    auto send_work = comm.isend(right, detail::make_tag(seq, round), std::as_bytes(out));
-    recv_work->wait(comm.timeout());
-    add_in_float(wire, in, acc);
-    if (s == n - 2) detail::finish(acc, op, n);  // the chunk is complete: Mean's 1/N, in float
-    to_bf16(acc, in);                            // the one rounding of this partial sum
+  // Note [Receive one round ahead]
+  // Gloo's TCP pairs, like MPI's rendezvous protocol for large messages, move
+  // a message's bytes only once its receive is posted. Posted at the start of
+  // its own round, and with each round's send waiting for the one before, every
+  // round paid a notification's round trip before its first byte, and across
+  // shaped links the bf16 ring took twice the float ring's time for half its
+  // bytes (docs/results.md). So, as the float ring does: receives are posted
+  // two rounds ahead, and round s+1's send leaves as soon as round s's data
+  // is in (and reduced), before round s's own send has finished. The buffers
+  // do not collide: the reduce-scatter alternates two wire buffers (round s+2
+  // is posted once round s's was read), and the all-gather's round g lands in
+  // chunk r-g, which only the reduce-scatter's round 0 reads (it sends our
+  // contribution, chunk r, which all-gather round 0 overwrites). With N = 2
+  // that round is the one before, so that receive waits for the send.
+  std::vector<std::unique_ptr<Work>> recvs(static_cast<std::size_t>(rounds));
+  auto sent_in = [&](int round) { return round < n - 1 ? chunk(r - round) : chunk(r + 1 - (round - (n - 1))); };
+  auto send = [&](int round) {
+    return comm.isend(right, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_bytes(sent_in(round)));
+  };
+  recvs[0] = post_recv(0);
+  if (n > 2) recvs[1] = post_recv(1);
+  std::unique_ptr<Work> send_work = send(0);
+  for (int round = 0; round < rounds; ++round) {
+    recvs[static_cast<std::size_t>(round)]->wait(comm.timeout());
+    if (round < n - 1) {  // reduce-scatter: add our values, round once
+      auto in = chunk(r - round - 1);
+      std::span<float> acc(acc_base, in.size());
+      add_in_float(wire(round), in, acc);
+      if (round == n - 2) detail::finish(acc, op, n);  // the chunk is complete: Mean's 1/N, in float
+      to_bf16(acc, in);                                // the one rounding of this partial sum
+    }
+    std::unique_ptr<Work> next_send = round + 1 < rounds ? send(round + 1) : nullptr;  // what round received
     send_work->wait(comm.timeout());
-  }
-  for (int s = 0; s < n - 1; ++s, ++round) {
-    auto out = chunk(r + 1 - s);
-    auto in = chunk(r - s);
-    auto recv_work = comm.irecv(left, detail::make_tag(seq, round), std::as_writable_bytes(in));
-    auto send_work = comm.isend(right, detail::make_tag(seq, round), std::as_bytes(out));
-    recv_work->wait(comm.timeout());
-    send_work->wait(comm.timeout());
+    send_work = std::move(next_send);
+    if (n == 2 && round == 0) recvs[1] = post_recv(1);
+    if (round + 2 < rounds) recvs[static_cast<std::size_t>(round + 2)] = post_recv(round + 2);
   }
 }
 
