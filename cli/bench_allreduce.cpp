@@ -45,6 +45,7 @@ struct Flags {
   bool no_verify = false;
   bool json = false;
   ProcessGroupFlags group;  // --backend threads (the default): `replicas` threads of this process
+  const CLI::App* cmd = nullptr;  // which flags were given
 };
 
 std::size_t parse_size(const std::string& s) {
@@ -58,8 +59,10 @@ std::size_t parse_size(const std::string& s) {
     mult = 1024.0 * 1024;
   else if (unit == "G" || unit == "GiB")
     mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty() && unit != "B")
-    throw InvalidArgument("--sizes: cannot read '" + s + "'; use e.g. 4K,1M,256M");
+    throw InvalidArgument("--sizes: cannot read '" + s + "'; use bytes with a K, M, G or T suffix, e.g. 4K,1M,256M");
   if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
   }
@@ -137,15 +140,19 @@ int run(const Flags& f) {
   }
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const bool threads = backend_of(f.group) == comm::Backend::Threads;
-  if (!threads && f.replicas_given) {
-    throw InvalidArgument("--replicas counts in-process replicas (--backend threads); with --backend " +
-                          f.group.backend + " every process is one rank (set the count with --world-size, "
-                          "lockstep launch --nproc or mpirun -np).");
-  }
+  check_group_flags(*f.cmd, f.group);
   check_nodes(f.group, f.replicas, algorithm);
+  if (threads && algorithm == comm::Algorithm::Native) {  // before anything is measured or printed
+    throw InvalidArgument("the native all-reduce is a transport library's (Gloo's, MPI_Allreduce): give --backend "
+                          "gloo or mpi with it; the threads backend's own is --algorithm shared_memory.");
+  }
   // A process group: this process is one rank; rank 0 measures memcpy (the
   // others wait in the first barrier) and prints.
   std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
+  if (!threads && f.replicas_given && f.replicas != group->size()) {  // as train: it may only agree
+    comm::refuse_call(*group, "--replicas " + std::to_string(f.replicas) + " does not match the world size " +
+                                  std::to_string(group->size()) + " of the process group; leave --replicas out.");
+  }
   const bool printer = threads || group->rank() == 0;
   const double memcpy_bw = printer ? memcpy_bandwidth() : 0;
   const int n = threads ? f.replicas : group->size();
@@ -195,6 +202,7 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   CLI::App* cmd =
       bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
   cmd->option_defaults()->always_capture_default();
+  flags->cmd = cmd;
   cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
       ->transform(whole_number_in(1, 1024))

@@ -56,31 +56,56 @@ struct Arm {
   }
 };
 
+std::vector<Arm> arms_of(const OverlapFlags& f) {
+  std::vector<Arm> arms = {{"default buckets", f.bucket_mb, f.micro_batch, {}},
+                           {"--bucket-mb 0", 0, f.micro_batch, {}}};
+  for (std::int64_t mb : {16, 64, 128})
+    if (mb != f.micro_batch) arms.push_back({"micro-batch " + std::to_string(mb), f.bucket_mb, mb, {}});
+  return arms;
+}
+
+train::TrainConfig config_of(const OverlapFlags& f, const std::string& hidden, const Arm& arm,
+                             const comm::LinkModel& link) {
+  train::TrainConfig c;
+  c.replicas = f.replicas;
+  c.micro_batch = arm.micro_batch;
+  c.hidden = parse_hidden(hidden);
+  c.steps = f.steps;
+  c.evaluate = false;
+  c.log_every = 1 << 30;
+  c.bucket_mb = arm.bucket_mb;
+  c.first_bucket_mb = f.first_bucket_mb;
+  c.link = link;
+  return c;
+}
+
 int run_bench_overlap(const OverlapFlags& f) {
+  if (f.replicas < 2) {
+    throw InvalidArgument("bench overlap needs at least 2 replicas: with one there is no all-reduce to overlap.");
+  }
   const auto data = data::load_image_classification(f.data_dir);
   comm::LinkModel link{
       comm::parse_bandwidth(f.link_bandwidth),
       std::chrono::duration_cast<std::chrono::nanoseconds>(comm::parse_latency(f.link_latency))};
+  // Every run's config is checked before the first starts: a sweep arm the
+  // data cannot hold fails now, not minutes in.
+  for (const auto& hidden : f.hidden) {
+    for (const auto& arm : arms_of(f)) {
+      try {
+        train::total_steps(config_of(f, hidden, arm, link), data);
+      } catch (const InvalidArgument& e) {
+        if (arm.micro_batch == f.micro_batch) throw;
+        throw InvalidArgument("bench overlap also runs " + arm.name + " (its sweep: 16, 64 and 128): " + e.what());
+      }
+    }
+  }
   nlohmann::json out = nlohmann::json::array();
   for (const auto& hidden : f.hidden) {
-    std::vector<Arm> arms = {{"default buckets", f.bucket_mb, f.micro_batch, {}},
-                             {"--bucket-mb 0", 0, f.micro_batch, {}}};
-    for (std::int64_t mb : {16, 64, 128})
-      if (mb != f.micro_batch) arms.push_back({"micro-batch " + std::to_string(mb), f.bucket_mb, mb, {}});
+    std::vector<Arm> arms = arms_of(f);
     for (int rep = 0; rep < f.repeats; ++rep) {  // interleaved, so drift hits all arms alike
       for (auto& arm : arms) {
         if (rep > 0 && arm.name.rfind("micro-batch", 0) == 0) continue;  // bytes need one run
-        train::TrainConfig c;
-        c.replicas = f.replicas;
-        c.micro_batch = arm.micro_batch;
-        c.hidden = parse_hidden(hidden);
-        c.steps = f.steps;
-        c.evaluate = false;
-        c.log_every = 1 << 30;
-        c.bucket_mb = arm.bucket_mb;
-        c.first_bucket_mb = f.first_bucket_mb;
-        c.link = link;
-        const auto r = train::train(c, data);
+        const auto r = train::train(config_of(f, hidden, arm, link), data);
         arm.runs.push_back(r.times);
         arm.bytes_per_step = r.traffic[0].gradients / std::uint64_t(r.steps);
         arm.buckets = r.buckets.size();
@@ -136,7 +161,8 @@ Action add_bench_overlap_command(CLI::App& bench) {
       "overlap", "Bucketed all-reduce overlapped with backward on a modelled link, against one bucket");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
-  cmd->add_option("--hidden", flags->hidden, "MLP hidden widths, one model per value");
+  cmd->add_option("--hidden", flags->hidden, "MLP hidden widths, one model per value (default: two models)")
+      ->default_str("1024,1024,1024 512,512");
   cmd->add_option("--replicas", flags->replicas, "Replicas")->transform(whole_number_in(1, 1024));
   cmd->add_option("--micro-batch", flags->micro_batch, "Micro-batch of the bucket comparison")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));

@@ -68,6 +68,10 @@ int run_demo_ragged(const DemoFlags& flags) {
   train::TrainConfig c;
   c.seed = flags.seed;
   const std::int64_t global = kShard * (kReplicas - 1) + kShort;  // 235
+  if (d.size < global) {
+    throw InvalidArgument("demo ragged takes one global batch of " + std::to_string(global) + " training samples, and " +
+                          flags.data_dir + " has " + std::to_string(d.size) + "; give --data a larger set.");
+  }
   auto counts = [](int r) { return r == kReplicas - 1 ? kShort : kShard; };
 
   auto model = train::make_model(c, d.features, d.num_classes);
@@ -114,12 +118,13 @@ int run_demo_ragged(const DemoFlags& flags) {
   const auto padded = reduce(true);
 
   std::printf(
-      "One global batch of %lld Fashion-MNIST samples, cut as the card cuts it: %d replicas x %lld samples "
+      "One global batch of %lld samples of %s, cut as the card cuts it: %d replicas x %lld samples "
       "and one "
       "x %lld.\nEach replica's gradient is the mean over its own shard. Compared with the gradient of one "
       "model "
       "over all %lld samples (relative L2 error):\n",
-      (long long)global, kReplicas - 1, (long long)kShard, (long long)kShort, (long long)global);
+      (long long)global, flags.data_dir.c_str(), kReplicas - 1, (long long)kShard, (long long)kShort,
+      (long long)global);
   std::printf(
       "  plain     average of the %d replicas' means            %.3e   wrong: the 11 samples weigh 32/11 "
       "times too much\n",

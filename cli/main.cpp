@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
+    if (code != 0 && app.got_subcommand("launch") && dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      // `lockstep launch --nproc 2 train --steps 2`: the command's own flags
+      // reached launch's parser.
+      std::cerr << "lockstep: the command launch runs goes after --, e.g. lockstep launch --nproc 4 -- train "
+                   "--steps 100\n";
+    }
     return code == 0 ? 0 : 2;
   }
   try {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "lockstep/atomic_file.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cli {
@@ -25,13 +26,28 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 void check_writable(const NamedFile& out) {
-  if (fs::is_directory(out.path)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
-  const fs::path parent = fs::absolute(out.path).parent_path();
+  // Where the write lands (write_file_atomically follows links the same way).
+  const fs::path target = output_target(out.path);
+  std::error_code ec;
+  const fs::file_status status = fs::status(target, ec);
+  if (fs::is_directory(status)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
+  if (fs::exists(status) && !fs::is_regular_file(status)) {  // a device or a FIFO: written through
+    if (::access(target.c_str(), W_OK) != 0) {
+      throw InvalidArgument(out.flag + " " + out.path + " is not writable (" + std::strerror(errno) + ").");
+    }
+    return;
+  }
+  const fs::path parent = fs::absolute(target).parent_path();
+  const auto where = out.flag + " " + out.path + ": ";
+  if (!fs::exists(parent, ec)) throw InvalidArgument(where + "the directory " + parent.string() + " does not exist.");
+  if (!fs::is_directory(parent, ec)) {
+    throw InvalidArgument(where + parent.string() + " is a file, not a directory; give a path in a directory.");
+  }
   std::string probe = (parent / ".lockstep-write-check-XXXXXX").string();
-  const int fd = fs::is_directory(parent) ? ::mkstemp(probe.data()) : -1;
+  const int fd = ::mkstemp(probe.data());
   if (fd < 0) {
-    throw InvalidArgument(out.flag + " " + out.path + ": the directory " + parent.string() +
-                          " does not exist or is not writable.");
+    throw InvalidArgument(where + "cannot write in the directory " + parent.string() + " (" +
+                          std::strerror(errno) + ").");
   }
   ::close(fd);
   std::error_code ignored;  // a probe left behind is harmless; failing the run for it is not

@@ -114,6 +114,15 @@ void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
                           "drop --first-bucket-mb.");
   if (given("--cycle-ms") && f.launch != "cycles")
     throw InvalidArgument("--cycle-ms applies only with --launch cycles; add --launch cycles or drop it.");
+  if (f.per_node == 1) {
+    for (const char* flag : {"--intra-bandwidth", "--intra-latency"})
+      if (given(flag))
+        throw InvalidArgument(std::string(flag) + " is the link between replicas of one node, and --per-node 1 "
+                              "puts every replica on a node of its own; give --per-node G or drop it.");
+    if (f.algorithm == "hierarchical")
+      throw InvalidArgument("--algorithm hierarchical rings inside nodes and then across them; give --per-node G "
+                            "(replicas per node) with it.");
+  }
   if (given("--svg") && f.svg_file.empty()) throw InvalidArgument("--svg needs a file name.");
   check_outputs({{"--svg", f.svg_file}}, {{"--profile", f.profile_file}});
 }

@@ -74,6 +74,18 @@ void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algor
   }
 }
 
+void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& f) {
+  if (backend_of(f) != comm::Backend::Threads) return;
+  for (const char* flag : {"--rank", "--world-size", "--rendezvous", "--bind", "--job-id", "--secret-file",
+                           "--rendezvous-timeout"}) {
+    if (cmd.get_option(flag)->count() > 0) {
+      throw InvalidArgument(std::string(flag) + " is for a group of processes (--backend gloo or mpi); with "
+                            "--backend threads every replica is a thread of this process and it has no effect. "
+                            "Give --backend gloo, or leave it out.");
+    }
+  }
+}
+
 comm::Backend backend_of(const ProcessGroupFlags& flags) { return comm::backend_from_string(flags.backend); }
 
 comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& f, std::ostream& warnings) {

@@ -46,6 +46,9 @@ comm::Backend backend_of(const ProcessGroupFlags& flags);  // throws InvalidArgu
 // (a process group finds them from host names), and the hierarchical
 // all-reduce needs them.
 void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm);
+// With --backend threads, the flags that only a group of processes uses
+// (--rank, --rendezvous, --secret-file, ...) are refused, naming the flag.
+void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& flags);
 
 // The options the flags and the environment give. Writes a warning to
 // `warnings` when the job will be reachable from other machines without a

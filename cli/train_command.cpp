@@ -53,6 +53,7 @@ struct TrainFlags {
   CLI::Option* epochs_option = nullptr;
   ProcessGroupFlags group;  // --backend and the process-group flags
   CLI::Option* replicas_option = nullptr;
+  const CLI::App* cmd = nullptr;  // which flags were given
 };
 
 // Per-layer forward and backward times of this run (medians over every
@@ -118,6 +119,33 @@ void check_flag_combinations(const TrainFlags& f) {
                           "out with --optimizer " + c.optimizer + ".");
   if (f.steps_option->count() > 0 && f.epochs_option->count() > 0 && c.steps > 0)
     throw InvalidArgument("--steps and --epochs both set the length of the run; give one of them.");
+  // Flags that would be ignored: refused, so that nobody believes they took effect.
+  const auto given = [&](const char* flag) { return f.cmd->get_option(flag)->count() > 0; };
+  for (const char* flag : {"--save", "--report", "--trace", "--timeline-svg", "--profile", "--init"}) {
+    if (given(flag) && f.cmd->get_option(flag)->as<std::string>().empty())
+      throw InvalidArgument(std::string(flag) + " needs a file name.");
+  }
+  if (!c.deterministic && given("--atom"))
+    throw InvalidArgument("--atom sets --deterministic's unit of summation; add --deterministic or leave it out.");
+  if (c.deterministic) {
+    for (const char* flag : {"--ragged", "--bucket-mb", "--first-bucket-mb", "--overlap"}) {
+      if (given(flag)) {
+        throw InvalidArgument(std::string("--deterministic sums the whole gradient in one fixed tree after backward "
+                                          "and drops an epoch's partial last batch, so ") +
+                              flag + " has no effect; leave it out.");
+      }
+    }
+  }
+  if (c.bucket_mb == 0 && given("--first-bucket-mb"))
+    throw InvalidArgument("--bucket-mb 0 puts every gradient in one bucket, so --first-bucket-mb has no effect; "
+                          "leave it out.");
+  if (c.check_every == 0 && given("--on-divergence"))
+    throw InvalidArgument("--on-divergence acts when the divergence check finds replicas apart, and --check-every 0 "
+                          "turns the check off; give --check-every N or leave --on-divergence out.");
+  if (c.model == "mlp" && given("--bn-stats"))
+    throw InvalidArgument("--bn-stats chooses how batch-norm statistics are kept, and --model mlp has none; leave "
+                          "it out.");
+  check_group_flags(*f.cmd, f.group);
 }
 
 // --timeline-step past the run's last step, found before training. The
@@ -238,6 +266,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
+  train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
   if (!f.quiet && rank0) {
@@ -327,6 +356,7 @@ Action add_train_command(CLI::App& app) {
                                      "Train a model with N replicas in lockstep (defaults: Fashion-MNIST, 8 "
                                      "x 32, MLP 784-512-512-10, 10 epochs)");
   cmd->option_defaults()->always_capture_default();
+  flags->cmd = cmd;
   flags->replicas_option =
       cmd->add_option("--replicas", c.replicas,
                       "Number of replicas, each with a full copy of the model: threads of this process, or "

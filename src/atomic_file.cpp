@@ -28,29 +28,75 @@ mode_t current_umask() {
 
 }  // namespace
 
+std::filesystem::path output_target(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
+  std::error_code ec;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
+    if (hops == 40) {
+      throw IoError(path.string() + ": too many levels of symbolic links; give the file itself.");
+    }
+    const fs::path to = fs::read_symlink(target, ec);
+    if (ec) throw IoError(path.string() + ": cannot read the symbolic link: " + ec.message() + ".");
+    target = to.is_absolute() ? to : target.parent_path() / to;
+  }
+  return target;
+}
+
+namespace {
+
+// Writes every piece to `fd`; 0 or the errno that stopped it.
+int write_all(int fd, std::span<const std::span<const std::byte>> pieces) {
+  for (const auto piece : pieces) {
+    std::size_t done = 0;
+    while (done < piece.size()) {
+      const ssize_t n = ::write(fd, piece.data() + done, piece.size() - done);
+      if (n > 0) done += std::size_t(n);
+      else if (n == 0) return EIO;  // a full disk that says nothing
+      else if (errno != EINTR) return errno;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
                            std::string_view what) {
-  std::string tmp = path.string() + ".tmp-XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   const auto fail = [&](const std::string& why) {
     throw IoError(path.string() + ": could not write " + std::string(what) + " (" + why + ").");
   };
-  if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
-  int err = 0;
-  for (const auto piece : pieces) {
-    std::size_t done = 0;
-    while (done < piece.size() && err == 0) {
-      const ssize_t n = ::write(fd, piece.data() + done, piece.size() - done);
-      if (n > 0) done += std::size_t(n);
-      else if (n == 0) err = EIO;  // a full disk that says nothing
-      else if (errno != EINTR) err = errno;
-    }
+  const std::filesystem::path target = output_target(path);  // a link stays a link
+  struct stat old {};
+  const bool exists = ::stat(target.c_str(), &old) == 0;
+  if (exists && S_ISDIR(old.st_mode)) fail("it is a directory; give a file name");
+  if (exists && !S_ISREG(old.st_mode)) {
+    // A device or a FIFO (/dev/stdout, /dev/null, a pipe to a reader):
+    // written through, since renaming over it would replace it. A FIFO with
+    // no reader fails at once instead of blocking in open().
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail(errno == ENXIO ? "nothing is reading the pipe" : std::strerror(errno));
+    int err = ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
+    if (err == 0) err = write_all(fd, pieces);
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) fail(std::strerror(err));
+    return;
   }
-  if (err == 0 && ::fchmod(fd, 0666 & ~current_umask()) != 0) err = errno;  // mkstemp creates 0600
+  std::string tmp = target.string() + ".tmp-XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
+  int err = write_all(fd, pieces);
+  // mkstemp creates 0600: a file that existed keeps its mode (and, where we
+  // may, its owner); a new one gets what a new file gets.
+  const mode_t mode = exists ? old.st_mode & 07777 : 0666 & ~current_umask();
+  if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
+  if (err == 0 && exists && (old.st_uid != ::geteuid() || old.st_gid != ::getegid())) {
+    [[maybe_unused]] const int ignored = ::fchown(fd, old.st_uid, old.st_gid);  // root may; others keep theirs
+  }
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   std::error_code ec;
-  if (err == 0) std::filesystem::rename(tmp, path, ec);
+  if (err == 0) std::filesystem::rename(tmp, target, ec);
   if (err != 0 || ec) {
     const std::string why = err != 0 ? std::strerror(err) : "cannot replace the file: " + ec.message();
     std::filesystem::remove(tmp, ec);  // the target was not touched

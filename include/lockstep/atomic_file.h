@@ -11,13 +11,19 @@
 namespace lockstep {
 
 // Writes `pieces`, in order, to a new temporary file beside `path` (mkstemp:
-// a unique name, so no other file is touched), with the mode a new file gets
-// (0666 less the process's umask), flushes it to disk
-// and renames it over `path`. A reader never sees half a file, and a failed
-// write leaves the old file as it was and no temporary behind. Throws IoError
-// "PATH: could not write WHAT (why)."
+// a unique name, so no other file is touched), flushes it to disk and renames
+// it over `path`. A reader never sees half a file, and a failed write leaves
+// the old file as it was and no temporary behind. A file that existed keeps
+// its mode (and its owner, where the process may set it); a new one gets
+// 0666 less the umask. A symbolic link is followed (output_target), so the
+// link stays and its target gets the new contents. A device or FIFO
+// (/dev/stdout, a pipe) is written through, not replaced; a FIFO nobody
+// reads fails at once. Throws IoError "PATH: could not write WHAT (why)."
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
                            std::string_view what);
+// The file a write to `path` lands in: `path` with its symbolic links
+// followed (to a target that need not exist yet). Throws IoError on a loop.
+std::filesystem::path output_target(const std::filesystem::path& path);
 void write_file_atomically(const std::filesystem::path& path, std::string_view text, std::string_view what);
 
 }  // namespace lockstep

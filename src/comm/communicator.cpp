@@ -1,5 +1,7 @@
 #include "lockstep/comm/communicator.h"
 
+#include <string>
+
 #include "lockstep/error.h"
 
 namespace lockstep::comm {
@@ -19,6 +21,14 @@ void refuse_call(Communicator& comm, const std::string& what) {
   reason += what;
   comm.abort(reason);
   throw InvalidArgument(what);
+}
+
+void Communicator::set_timeout(Duration timeout) {
+  if (timeout <= Duration::zero()) {
+    throw InvalidArgument("Communicator::set_timeout: the timeout must be positive, got " +
+                          std::to_string(timeout.count()) + " ms; every blocking call would fail at once.");
+  }
+  timeout_ = timeout;
 }
 
 std::span<std::byte> Communicator::scratch(std::size_t bytes) {

@@ -44,6 +44,10 @@ namespace detail {
 
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,
                              std::uint64_t count, int root) {
+  if (static_cast<unsigned>(op) > static_cast<unsigned>(ReduceOp::Min)) {  // only a cast makes one
+    refuse_call(comm, "a collective was given ReduceOp " + std::to_string(static_cast<int>(op)) +
+                          "; the choices are sum, mean, max and min");
+  }
   const Fingerprint fp{comm.next_sequence(), kind, op, dtype, count, root};
   if (const std::string reason = comm.abort_reason(); !reason.empty()) {
     throw CommAborted(describe(fp) + ": rank " + std::to_string(comm.rank()) +

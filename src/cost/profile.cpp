@@ -30,6 +30,9 @@ double number(const json& j, const char* key, const std::string& where, const st
   if (!v.is_number()) bad(source, where + "'s \"" + key + "\" is not a number");
   const double d = v.get<double>();
   if (!std::isfinite(d) || d < 0) bad(source, where + "'s \"" + key + "\" must be zero or positive");
+  // A petabyte of parameters, or 30 000 years in ms: past any real profile,
+  // and where sums of such values stop being exact in a double.
+  if (d > 1e15) bad(source, where + "'s \"" + key + "\" is " + std::to_string(d) + ", past any real profile (1e15)");
   return d;
 }
 

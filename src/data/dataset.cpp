@@ -103,6 +103,9 @@ std::span<const float> Dataset::input(std::int64_t i) const {
 ImageClassificationData load_image_classification(const std::filesystem::path& dir,
                                                   const DatasetOptions& options) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    fail(dir, "is a file; pass --data the directory that holds the IDX files (MNIST layout, e.g. Fashion-MNIST)");
+  }
   if (!fs::is_directory(dir, ec)) {
     fail(dir,
          "no such directory; pass --data DIR pointing at an IDX data set (MNIST layout, "

@@ -17,6 +17,7 @@
 #include <map>
 
 #include "lockstep/comm/collectives.h"
+#include "lockstep/error.h"
 
 namespace lockstep::ddp {
 namespace {
@@ -81,6 +82,13 @@ std::vector<std::uint64_t> gather_words(comm::Communicator& comm, std::span<cons
 
 std::vector<DigestMismatch> find_mismatches(std::span<const std::uint64_t> table, int world_size,
                                             std::size_t first, std::size_t fields) {
+  if (world_size < 1 || table.size() % static_cast<std::size_t>(world_size) != 0 ||
+      first > table.size() / static_cast<std::size_t>(world_size) ||
+      fields > table.size() / static_cast<std::size_t>(world_size) - first) {
+    throw InvalidArgument("find_mismatches: a table of " + std::to_string(table.size()) + " words is not " +
+                          std::to_string(world_size) + " rows with columns [" + std::to_string(first) + ", " +
+                          std::to_string(first) + " + " + std::to_string(fields) + ")");
+  }
   const std::size_t n = static_cast<std::size_t>(world_size), f = table.size() / n;
   std::vector<DigestMismatch> out;
   for (std::size_t i = first; i < first + fields; ++i) {

@@ -2,7 +2,9 @@
 //   loss = log(sum_j exp(z_j - m)) - (z_label - m)
 //   dz_j = (exp(z_j - m) / sum - [j == label]) * grad_scale
 #include <cmath>
+#include <string>
 
+#include "lockstep/error.h"
 #include "lockstep/nn/loss.h"
 
 namespace lockstep::nn {
@@ -13,6 +15,11 @@ LossSum softmax_cross_entropy(const float* logits, const std::int32_t* labels, s
   for (std::int64_t r = 0; r < batch; ++r) {
     const float* z = logits + r * classes;
     const std::int32_t label = labels[r];
+    if (label < 0 || label >= classes) {  // it would index outside the row
+      throw InvalidArgument("softmax_cross_entropy: sample " + std::to_string(r) + " has label " +
+                            std::to_string(label) + ", outside the " + std::to_string(classes) + " classes [0, " +
+                            std::to_string(classes) + ")");
+    }
     std::int64_t arg = 0;
     for (std::int64_t j = 1; j < classes; ++j)
       if (z[j] > z[arg]) arg = j;

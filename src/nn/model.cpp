@@ -74,10 +74,11 @@ void Model::reserve(std::int64_t batch) {
 std::span<const float> Model::forward(std::span<const float> x, std::int64_t batch,
                                       const std::function<void(std::size_t layer)>& layer_done,
                                       const ForwardContext& ctx) {
-  LOCKSTEP_CHECK(x.size() == static_cast<std::size_t>(batch * in_features()),
-                 "forward input has the wrong size");
-  LOCKSTEP_CHECK(ctx.sample_index.empty() || ctx.sample_index.size() == static_cast<std::size_t>(batch),
-                 "the forward context needs one sample index per row, or none");
+  LOCKSTEP_REQUIRE(batch >= 0 && x.size() == static_cast<std::size_t>(batch * in_features()),
+                   "Model::forward: the input holds " + std::to_string(x.size()) + " floats, not batch " +
+                       std::to_string(batch) + " x " + std::to_string(in_features()) + " features");
+  LOCKSTEP_REQUIRE(ctx.sample_index.empty() || ctx.sample_index.size() == static_cast<std::size_t>(batch),
+                   "Model::forward: the forward context needs one sample index per row, or none");
   reserve(std::max<std::int64_t>(batch, 1));
   input_ = x.data();
   const float* in = input_;
@@ -91,9 +92,11 @@ std::span<const float> Model::forward(std::span<const float> x, std::int64_t bat
 
 void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate,
                      const std::function<void(std::size_t layer)>& layer_done) {
-  LOCKSTEP_CHECK(batch <= capacity_, "backward without a matching forward");
-  LOCKSTEP_CHECK(dlogits.size() == static_cast<std::size_t>(batch * out_features()),
-                 "dlogits has the wrong size");
+  LOCKSTEP_REQUIRE(batch >= 0 && batch <= capacity_,
+                   "Model::backward: no forward of batch " + std::to_string(batch) + " before it");
+  LOCKSTEP_REQUIRE(dlogits.size() == static_cast<std::size_t>(batch * out_features()),
+                   "Model::backward: dlogits holds " + std::to_string(dlogits.size()) + " floats, not batch " +
+                       std::to_string(batch) + " x " + std::to_string(out_features()) + " outputs");
   const float* dy = dlogits.data();
   for (std::size_t i = layers_.size(); i-- > 0;) {
     const float* x = i == 0 ? input_ : acts_[i - 1].data();

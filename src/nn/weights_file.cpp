@@ -18,7 +18,8 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 
 void save_weights(const std::filesystem::path& path, const Layout& layout, std::span<const float> params,
                   const std::map<std::string, std::string>& metadata) {
-  LOCKSTEP_CHECK(params.size() == layout.numel(), "params do not match the layout");
+  LOCKSTEP_REQUIRE(params.size() == layout.numel(), "save_weights: " + std::to_string(params.size()) +
+                                                      " floats for a layout of " + std::to_string(layout.numel()));
   std::vector<TensorRef> refs;
   for (const auto& t : layout.tensors()) refs.push_back({t.name, t.shape, params.subspan(t.offset, t.numel)});
   save_safetensors(path, refs, metadata);

@@ -51,10 +51,12 @@ class AdamW final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_adamw(std::size_t numel, const AdamWOptions& options) {
-  if (options.beta1 < 0 || options.beta1 >= 1 || options.beta2 < 0 || options.beta2 >= 1) {
+  // Written so that NaN fails every test (a NaN would make every weight NaN).
+  if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1)) {
     throw InvalidArgument("AdamW betas must lie in [0, 1)");
   }
-  if (options.eps <= 0 || options.weight_decay < 0) {
+  if (!(options.eps > 0 && std::isfinite(options.eps)) ||
+      !(options.weight_decay >= 0 && std::isfinite(options.weight_decay))) {
     throw InvalidArgument("AdamW eps must be positive and weight decay not negative");
   }
   return std::make_unique<AdamW>(numel, options);

@@ -1,5 +1,6 @@
 // SGD with momentum, dampening, weight decay and Nesterov: torch.optim.SGD.
 // One pass over P floats: reads w, g, buf; writes w, buf.
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -70,8 +71,11 @@ class Sgd final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_sgd(std::size_t numel, const SgdOptions& options) {
-  if (options.momentum < 0 || options.weight_decay < 0) {
-    throw InvalidArgument("SGD momentum and weight decay must not be negative");
+  // Written so that NaN fails every test (a NaN would make every weight NaN).
+  if (!(options.momentum >= 0 && std::isfinite(options.momentum)) ||
+      !(options.weight_decay >= 0 && std::isfinite(options.weight_decay)) ||
+      !(options.dampening >= 0 && options.dampening <= 1)) {
+    throw InvalidArgument("SGD momentum and weight decay must be finite and not negative, and dampening in [0, 1]");
   }
   if (options.nesterov && (options.momentum == 0.0f || options.dampening != 0.0f)) {
     throw InvalidArgument("Nesterov momentum needs a momentum > 0 and zero dampening");

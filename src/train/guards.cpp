@@ -67,6 +67,9 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
                                                   std::int64_t total_steps, const nn::Model& model,
                                                   std::span<const ddp::Bucket> buckets) {
   std::string labels_digest = std::to_string(ddp::digest(std::as_bytes(std::span(data.train.labels))));
+  // The inputs as this rank will train on them: other image files, or
+  // --normalize on some ranks only, change them (~30 ms for Fashion-MNIST).
+  std::string inputs_digest = std::to_string(ddp::digest(std::as_bytes(std::span(data.train.inputs))));
   std::vector<std::string> tensor_names;
   for (const auto& t : model.layout().tensors()) tensor_names.push_back(t.name);
   std::string faults;
@@ -93,12 +96,16 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"data set (size, features, classes, labels)",
        std::to_string(data.train.size) + " " + std::to_string(data.train.features) + " " +
            std::to_string(data.train.num_classes) + " " + labels_digest},
+      {"training inputs (the image files, --normalize)", inputs_digest},
       {"--algorithm", comm::to_string(c.algorithm)},
       {"--compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
       {"model (parameter names, shapes and order)", model.describe() + "\n" + layout_text(model.layout())},
       {"model buffers", layout_text(model.buffer_layout())},
       {"bucket layout (--first-bucket-mb, --bucket-mb)",
        ddp::describe_buckets({buckets.begin(), buckets.end()}, tensor_names)},
+      // Each progress line and each epoch's test accuracy is a collective.
+      {"--log-every", std::to_string(c.log_every)},
+      {"test evaluation", c.evaluate ? "on" : "off"},
       {"--check-every", std::to_string(c.check_every)},
       {"--on-divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},
       {"--max-skips", std::to_string(c.max_skips)},

@@ -45,7 +45,12 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.optimizer != "sgd" && c.optimizer != "adamw") {
     throw InvalidArgument("unknown --optimizer '" + c.optimizer + "'; the choices are: sgd, adamw");
   }
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) throw InvalidArgument("--lr must be a positive number");
+  if (!(c.lr > 0) || !std::isfinite(c.lr))
+    throw InvalidArgument("--lr must be a positive number that float32 holds (about 1e-38 to 3e38)");
+  // NaN fails these tests too: it would make every weight NaN.
+  if (!(c.momentum >= 0 && c.momentum <= 1)) throw InvalidArgument("--momentum must be a number from 0 to 1");
+  if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
+    throw InvalidArgument("--weight-decay must be a finite number, not negative");
   if (c.log_every < 1) throw InvalidArgument("log interval must be at least 1 step");
   if (c.accumulate < 1 || c.accumulate > 65536) {
     throw InvalidArgument("--accumulate must be between 1 and 65536, got " + std::to_string(c.accumulate));
@@ -173,6 +178,15 @@ struct Plan {
 
 Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
   validate(c, data);
+  std::int64_t per_replica = 0, effective = 0;  // the sampler's message would name neither --accumulate nor B
+  if (c.accumulate > 1 && (__builtin_mul_overflow(c.micro_batch, c.accumulate, &per_replica) ||
+                           __builtin_mul_overflow(per_replica, std::int64_t{c.replicas}, &effective) ||
+                           effective > data.train.size)) {
+    throw InvalidArgument("the effective batch (" + std::to_string(c.replicas) + " replicas x " +
+                          std::to_string(c.micro_batch) + " x " + std::to_string(c.accumulate) +
+                          " accumulated) is larger than the data set (" + std::to_string(data.train.size) +
+                          " samples); lower --accumulate, --micro-batch or --replicas.");
+  }
   ddp::DistributedSampler sampler(
       {.dataset_size = data.train.size,
        .world_size = c.replicas,

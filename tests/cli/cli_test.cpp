@@ -1,14 +1,21 @@
 // The command-line tool as a user meets it: exit codes and messages for bad
 // input, and a real (tiny) training run end to end.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "lockstep/data/idx.h"
 
@@ -256,10 +263,83 @@ TEST(Cli, AnOutputInAnUnwritableDirectoryIsRefusedBeforeTraining) {
   const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --trace " +
                        "/proc/lockstep-trace.json");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("--trace /proc/lockstep-trace.json: the directory /proc does not exist or is not writable"),
+  EXPECT_NE(r.output.find("--trace /proc/lockstep-trace.json: cannot write in the directory /proc ("),
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("result"), std::string::npos) << "trained before failing:\n" << r.output;
+  // A directory that is missing, and one that is a file, are named as such.
+  const CliRun missing = run("train --data " + dir.string() + " --steps 1 --report " + (dir / "no/r.json").string());
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("the directory " + (dir / "no").string() + " does not exist."), std::string::npos)
+      << missing.output;
+  const fs::path file = dir / "train-labels-idx1-ubyte.gz";
+  const CliRun under_file = run("train --data " + dir.string() + " --steps 1 --report " + (file / "r.json").string());
+  EXPECT_EQ(under_file.code, 2) << under_file.output;
+  EXPECT_NE(under_file.output.find(file.string() + " is a file, not a directory"), std::string::npos)
+      << under_file.output;
+}
+
+// An output that is a symbolic link, a device or a FIFO is written through,
+// not replaced: the link stays a link (its target gets the plot), /dev/null
+// stays a device (a copy of it here, made with mknod, as root is), a FIFO
+// with a reader gets the bytes and one with none is refused at once; and a
+// file that existed keeps its mode.
+TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
+  const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_special_outputs";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string plan = "plan --params 1M --compute-ms 10 --replicas 2 --svg ";
+
+  {  // a link, relative, to a file that exists
+    std::ofstream(dir / "target.svg") << "old";
+    fs::create_symlink("target.svg", dir / "link.svg");
+    const CliRun r = run(plan + (dir / "link.svg").string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_TRUE(fs::is_symlink(dir / "link.svg"));
+    std::ifstream in(dir / "target.svg");
+    EXPECT_NE(std::string(std::istreambuf_iterator<char>(in), {}).find("<svg"), std::string::npos);
+  }
+  {  // a file's mode survives the rename
+    std::ofstream(dir / "private.svg") << "old";
+    fs::permissions(dir / "private.svg", fs::perms::owner_read | fs::perms::owner_write);
+    const CliRun r = run(plan + (dir / "private.svg").string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(fs::status(dir / "private.svg").permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  if (::geteuid() == 0) {  // a character device: a copy of /dev/null
+    ASSERT_EQ(::mknod((dir / "null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0) << std::strerror(errno);
+    const CliRun r = run(plan + (dir / "null").string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    struct stat st {};
+    ASSERT_EQ(::stat((dir / "null").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the device was replaced by a file";
+  }
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0644), 0) << std::strerror(errno);
+  {  // a FIFO with nobody reading: refused, not blocked on
+    const CliRun r = run(plan + (dir / "pipe").string());
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("nothing is reading the pipe"), std::string::npos) << r.output;
+  }
+  {  // a FIFO with a reader gets the plot
+    std::string got;
+    std::thread reader([&] {
+      std::ifstream in(dir / "pipe");  // blocks until the writer opens it
+      got.assign(std::istreambuf_iterator<char>(in), {});
+    });
+    // The reader must be in open() before the writer looks for it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const CliRun r = run(plan + (dir / "pipe").string());
+    if (r.code != 0) {  // unblock the reader
+      std::ofstream(dir / "pipe") << "";
+    }
+    reader.join();
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(got.find("<svg"), std::string::npos);
+    struct stat st {};
+    ASSERT_EQ(::stat((dir / "pipe").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  }
 }
 
 TEST(Cli, ClassesWithoutATrainingExampleAreWarnedAbout) {
@@ -275,9 +355,14 @@ TEST(Cli, ClassesWithoutATrainingExampleAreWarnedAbout) {
 }
 
 TEST(Cli, PlanFlagsAreNamedInTheirErrors) {
-  const CliRun intra = run("plan --intra-bandwidth 0");
+  const CliRun intra = run("plan --per-node 2 --intra-bandwidth 0");
   EXPECT_EQ(intra.code, 2);
   EXPECT_NE(intra.output.find("--intra-bandwidth: bad link bandwidth '0'"), std::string::npos) << intra.output;
+  // Without nodes of several replicas there is no intra-node link to set.
+  const CliRun alone = run("plan --intra-bandwidth 10GB/s");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.output.find("--intra-bandwidth is the link between replicas of one node"), std::string::npos)
+      << alone.output;
   const CliRun flops = run("plan --device-flops 0");
   EXPECT_EQ(flops.code, 2);
   EXPECT_NE(flops.output.find("such as 125T"), std::string::npos) << flops.output;

@@ -418,6 +418,38 @@ TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
   }
 }
 
+// Ranks started by hand, each with its own command line: one with
+// --normalize trains on other inputs, and one with another --log-every would
+// make its progress collectives at other steps. Both are refused at start,
+// naming the flag, instead of training apart (--normalize: a wrong loss and
+// exit 0) or failing later with a collective mismatch that names neither.
+TEST_F(LaunchTrain, RanksWithOtherInputsOrProgressIntervalsRefuseToStart) {
+  const auto data = make_data_dir("handshake_flags");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--normalize"}, "training inputs (the image files, --normalize)"},
+      {{"--log-every", "5"}, "--log-every"},
+  };
+  for (const auto& [flag, field] : cases) {
+    SCOPED_TRACE(flag[0]);
+    const auto dir = run_dir("handshake_flags" + flag[0]);
+    fs::create_directories(dir / "rv");
+    std::vector<std::unique_ptr<CliRun>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> extra = {"--steps",      "4", "--backend", "gloo", "--rank", std::to_string(r),
+                                        "--world-size", "2", "--rendezvous", "file:" + (dir / "rv").string(),
+                                        "--timeout",    "20"};
+      if (r == 0) extra.insert(extra.end(), flag.begin(), flag.end());
+      const auto rank_dir = dir / ("rank" + std::to_string(r));
+      fs::create_directories(rank_dir);
+      ranks.push_back(std::make_unique<CliRun>(rank_dir, train_args(data, extra)));
+    }
+    for (auto& rank : ranks) {
+      EXPECT_NE(rank->wait(), 0) << rank->err();
+      EXPECT_NE(rank->err().find("start-up handshake refused: " + field), std::string::npos) << rank->err();
+    }
+  }
+}
+
 // The world size comes from the launcher; --replicas must agree with it.
 // And the launcher's --rendezvous-timeout reaches the ranks: a rank told of a
 // world of 3 that only 2 join gives up after it, naming the missing rank.
@@ -446,10 +478,12 @@ TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
   EXPECT_EQ(threads.wait(), 2);
   EXPECT_NE(threads.err().find("the command asks for --backend threads"), std::string::npos) << threads.err();
   EXPECT_EQ(threads.err().find("lockstep launch: 2 processes"), std::string::npos) << "started:\n" << threads.err();
-  // bench allreduce joins, but --replicas is for in-process replicas only.
+  // bench allreduce joins; --replicas may only agree with the world size, as in train.
   CliRun bench(run_dir("bench"), launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "8"}));
   EXPECT_NE(bench.wait(), 0);
-  EXPECT_NE(bench.err().find("--replicas counts in-process replicas"), std::string::npos) << bench.err();
+  EXPECT_NE(bench.err().find("--replicas 8 does not match the world size 2"), std::string::npos) << bench.err();
+  CliRun agreeing(run_dir("bench2"), launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "2"}));
+  EXPECT_EQ(agreeing.wait(), 0) << agreeing.err();
 }
 
 }  // namespace

@@ -129,6 +129,26 @@ TEST(Fingerprint, DescribeNamesEveryField) {
   EXPECT_EQ(describe(one), "allreduce(max, float32, 1 element, seq 4)");
   const Fingerprint barrier{5, CollectiveKind::Barrier, ReduceOp::Sum, DataType::Float32, 1};
   EXPECT_EQ(describe(barrier), "barrier(seq 5)");
+  Fingerprint batch = one;
+  batch.global_batch = 256;
+  EXPECT_EQ(describe(batch), "allreduce(max, float32, 1 element, seq 4, global batch of 256 samples)");
+}
+
+// An op outside the enum (only a cast makes one) reduced nothing and
+// returned each rank's own input; now every rank fails, and a timeout that
+// is not positive is refused where it is set.
+TEST(Fingerprint, AnOpOutsideTheEnumAndATimeoutThatIsNotPositiveAreRefused) {
+  const auto errors = run_ranks(2, [](Communicator& c) {
+    std::vector<float> data(8, 1.0f);
+    allreduce(c, data, {.op = static_cast<ReduceOp>(9)});
+  });
+  for (const auto& e : errors) EXPECT_TRUE(e);
+  testing::rethrow_first(run_ranks(1, [](Communicator& c) {
+    EXPECT_THROW(c.set_timeout(Duration(-5)), InvalidArgument);
+    EXPECT_THROW(c.set_timeout(Duration(0)), InvalidArgument);
+    c.set_timeout(Duration(5));
+    EXPECT_EQ(c.timeout(), Duration(5));
+  }));
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ TEST(Profile, BadProfilesNameTheProblem) {
   EXPECT_NE(
       error_of(std::string(s).replace(s.find("\"param_bytes\": 20520,"), 21, "")).find("layer 2 has no"),
       std::string::npos);
+  // 1e300 bytes were planned as "1e+291 GB of gradients" in 1 ms.
+  EXPECT_NE(error_of(std::string(s).replace(s.find("\"param_bytes\": 20520,"), 21, "\"param_bytes\": 1e300,"))
+                .find("layer 2's \"param_bytes\" is"),
+            std::string::npos);
   EXPECT_NE(error_of(std::string(s).replace(s.find("4.0,"), 4, "1.0,")).find("step_compute_ms"),
             std::string::npos);
   const std::string no_layers =

@@ -89,6 +89,19 @@ TEST(CompareAcrossRanks, TwoRanksTieGoesToRankZero) {
   testing::rethrow_first(errors);
 }
 
+// find_mismatches is pure and public: a table that is not world_size rows,
+// or columns past its width, is refused (it divided by zero, or read past
+// the table).
+TEST(CompareAcrossRanks, FindMismatchesRefusesATableOfAnotherShape) {
+  const std::vector<std::uint64_t> table(6, 1);
+  EXPECT_THROW(find_mismatches(table, 0, 0, 1), InvalidArgument);
+  EXPECT_THROW(find_mismatches(table, 4, 0, 1), InvalidArgument);  // 6 words are not 4 rows
+  EXPECT_THROW(find_mismatches(table, 2, 2, 2), InvalidArgument);  // columns [2, 4) of 3
+  EXPECT_THROW(find_mismatches(table, 2, 4, 0), InvalidArgument);
+  EXPECT_TRUE(find_mismatches(table, 2, 1, 2).empty());
+  EXPECT_TRUE(find_mismatches(table, 2, 3, 0).empty());
+}
+
 std::vector<HandshakeField> fields(int rank, const std::string& odd_field, int odd_rank) {
   std::vector<HandshakeField> f = {
       {"build version", "0.1.0"},

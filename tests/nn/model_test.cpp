@@ -67,6 +67,25 @@ TEST(Model, RejectsMismatchedLayers) {
   EXPECT_THROW(make_mlp(4, bad, 3), InvalidArgument);
 }
 
+// The caller's mistakes are InvalidArgument naming the sizes, not an
+// internal check: a wrong input size, backward past the forward's batch,
+// wrong dlogits, and labels outside the classes (which would index outside
+// the logits row).
+TEST(Model, CallerMistakesAreInvalidArgument) {
+  const std::int64_t hidden[] = {5};
+  auto m = make_mlp(4, hidden, 3);
+  m->init(1);
+  EXPECT_THROW(m->forward(std::vector<float>(5), 2), InvalidArgument);
+  EXPECT_THROW(m->backward(std::vector<float>(6), 2, false), InvalidArgument);  // no forward yet
+  m->forward(std::vector<float>(8), 2);
+  EXPECT_THROW(m->backward(std::vector<float>(5), 2, false), InvalidArgument);
+  const float logits[4] = {0, 1, 2, 3};
+  for (std::int32_t label : {2, -1}) {
+    const std::int32_t labels[2] = {0, label};
+    EXPECT_THROW(softmax_cross_entropy(logits, labels, 2, 2, nullptr, 1), InvalidArgument) << label;
+  }
+}
+
 TEST(Model, TrainFlopsPerSampleClosedForm) {
   const std::int64_t hidden[] = {512, 512};
   auto model = make_mlp(784, hidden, 10);

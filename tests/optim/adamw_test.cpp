@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "lockstep/error.h"
@@ -129,6 +130,12 @@ TEST(AdamW, InvalidOptionsThrow) {
   EXPECT_THROW(make_adamw(P, {.eps = 0.0f}), InvalidArgument);
   EXPECT_THROW(make_adamw(P, {.eps = -1e-8f}), InvalidArgument);
   EXPECT_THROW(make_adamw(P, {.weight_decay = -0.01f}), InvalidArgument);
+  // NaN passes every "< 0" test: each one would make every weight NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(make_adamw(P, {.beta1 = nan}), InvalidArgument);
+  EXPECT_THROW(make_adamw(P, {.beta2 = nan}), InvalidArgument);
+  EXPECT_THROW(make_adamw(P, {.eps = nan}), InvalidArgument);
+  EXPECT_THROW(make_adamw(P, {.weight_decay = nan}), InvalidArgument);
   EXPECT_NO_THROW(make_adamw(P, {.beta1 = 0.0f, .beta2 = 0.0f}));
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "lockstep/error.h"
@@ -137,6 +138,12 @@ TEST(Sgd, InvalidOptionsThrow) {
   EXPECT_THROW(make_sgd(P, {.momentum = 0.0f, .nesterov = true}), InvalidArgument);
   EXPECT_THROW(make_sgd(P, {.momentum = 0.9f, .dampening = 0.1f, .nesterov = true}), InvalidArgument);
   EXPECT_NO_THROW(make_sgd(P, {.momentum = 0.9f, .nesterov = true}));
+  // NaN passes every "< 0" test: each one would make every weight NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(make_sgd(P, {.momentum = nan}), InvalidArgument);
+  EXPECT_THROW(make_sgd(P, {.weight_decay = nan}), InvalidArgument);
+  EXPECT_THROW(make_sgd(P, {.dampening = nan}), InvalidArgument);
+  EXPECT_THROW(make_sgd(P, {.dampening = -1.0f}), InvalidArgument);
 }
 
 }  // namespace

@@ -72,6 +72,8 @@ TEST(Handshake, OneReplicaWithAnotherConfigRefusesToStart) {
          c.hidden = {33, 16};
        }},
       {"bucket layout", [](TrainConfig& c) { c.first_bucket_mb = 0.0001; }},
+      {"--log-every", [](TrainConfig& c) { c.log_every = 3; }},
+      {"test evaluation", [](TrainConfig& c) { c.evaluate = !c.evaluate; }},
   };
   for (const auto& [field, perturb] : cases) {
     TrainHooks hooks;

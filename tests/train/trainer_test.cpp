@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -187,6 +189,23 @@ TEST(Config, ImpossibleValuesAreRefused) {
   auto bad_init = small_config(2, 16);
   bad_init.initial_params = std::vector<float>(3, 0.0f);
   EXPECT_THROW(train(bad_init, data), InvalidArgument);
+  // NaN hyper-parameters (NaN passes "< 0") and an accumulated batch past the data.
+  for (auto perturb : std::vector<std::function<void(TrainConfig&)>>{
+           [](TrainConfig& c) { c.momentum = std::numeric_limits<float>::quiet_NaN(); },
+           [](TrainConfig& c) { c.weight_decay = std::numeric_limits<float>::quiet_NaN(); },
+           [](TrainConfig& c) { c.momentum = 1.5f; }}) {
+    auto c = small_config(2, 16);
+    perturb(c);
+    EXPECT_THROW(train(c, data), InvalidArgument);
+  }
+  auto accumulated = small_config(2, 16);
+  accumulated.accumulate = 16;  // 2 x 16 x 16 = 512 > 300
+  try {
+    train(accumulated, data);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lower --accumulate"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Init, InitialParamsAreUsedAndBroadcast) {

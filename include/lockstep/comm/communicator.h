@@ -161,9 +161,10 @@ class Communicator {
   // The backend's native all-reduce, or null if it has none.
   virtual NativeAllreduce* native_allreduce() { return nullptr; }
 
-  // The timeout used by blocking collectives on this communicator.
+  // The timeout used by blocking collectives on this communicator. It must
+  // be positive (InvalidArgument otherwise: every wait would fail at once).
   Duration timeout() const { return timeout_; }
-  void set_timeout(Duration timeout) { timeout_ = timeout; }
+  void set_timeout(Duration timeout);
 
   // For collective implementations (collectives.h and one's own), not for
   // user code: calling it outside a collective desynchronises the ranks'

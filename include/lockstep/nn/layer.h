@@ -69,7 +69,7 @@ class Layer {
   // Training mode (the default) or evaluation mode, as PyTorch's
   // Module.train(): BatchNorm uses batch statistics and updates its running
   // statistics, Dropout drops. Evaluation is deterministic and leaves buffers.
-  virtual void set_training(bool training) {}
+  virtual void set_training(bool /*training*/) {}
 
   virtual void forward(const float* x, float* y, std::int64_t batch, const ForwardContext& ctx = {}) = 0;
   virtual void backward(const float* x, const float* y, const float* dy, float* dx, std::int64_t batch,
@@ -77,8 +77,8 @@ class Layer {
 
   // Floating-point operations the math needs (2 per multiply-add; 1 per
   // comparison or elementwise add/multiply). Training-mode counts.
-  virtual double forward_flops(std::int64_t batch) const { return 0; }
-  virtual double backward_flops(std::int64_t batch, bool need_dx) const { return 0; }
+  virtual double forward_flops(std::int64_t /*batch*/) const { return 0; }
+  virtual double backward_flops(std::int64_t /*batch*/, bool /*need_dx*/) const { return 0; }
 };
 
 // y = x W^T + b with W: (out, in) and b: (out), PyTorch's nn.Linear layout.

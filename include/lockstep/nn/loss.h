@@ -10,7 +10,7 @@ struct LossSum {
   std::int64_t correct = 0;  // samples whose arg-max logit is the label
 };
 
-// logits: (B, C), labels: (B) with values in [0, C).
+// logits: (B, C), labels: (B) with values in [0, C) (another throws InvalidArgument).
 // If dlogits is not null, writes dlogits = (softmax(logits) - onehot(label)) * grad_scale,
 // the gradient of grad_scale * loss_sum. For the mean over the batch, grad_scale = 1/B.
 LossSum softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t batch,
