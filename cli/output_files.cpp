@@ -26,17 +26,18 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 void check_writable(const NamedFile& out) {
-  // Where the write lands (write_file_atomically follows links the same way).
-  const fs::path target = output_target(out.path);
+  // As write_file_atomically sees it: what is at the end of every link
+  // (/proc's magic ones too), then, for a file, where it lands.
   std::error_code ec;
-  const fs::file_status status = fs::status(target, ec);
+  const fs::file_status status = fs::status(out.path, ec);
   if (fs::is_directory(status)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
   if (fs::exists(status) && !fs::is_regular_file(status)) {  // a device or a FIFO: written through
-    if (::access(target.c_str(), W_OK) != 0) {
+    if (::access(out.path.c_str(), W_OK) != 0) {
       throw InvalidArgument(out.flag + " " + out.path + " is not writable (" + std::strerror(errno) + ").");
     }
     return;
   }
+  const fs::path target = output_target(out.path);
   const fs::path parent = fs::absolute(target).parent_path();
   const auto where = out.flag + " " + out.path + ": ";
   if (!fs::exists(parent, ec)) throw InvalidArgument(where + "the directory " + parent.string() + " does not exist.");

@@ -66,15 +66,15 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   const auto fail = [&](const std::string& why) {
     throw IoError(path.string() + ": could not write " + std::string(what) + " (" + why + ").");
   };
-  const std::filesystem::path target = output_target(path);  // a link stays a link
   struct stat old {};
-  const bool exists = ::stat(target.c_str(), &old) == 0;
-  if (exists && S_ISDIR(old.st_mode)) fail("it is a directory; give a file name");
-  if (exists && !S_ISREG(old.st_mode)) {
+  // stat follows every link, /proc's magic ones too (/dev/stdout is
+  // /proc/self/fd/1, whose link text may be "pipe:[1234]"): what is at the end?
+  if (::stat(path.c_str(), &old) == 0 && S_ISDIR(old.st_mode)) fail("it is a directory; give a file name");
+  if (::stat(path.c_str(), &old) == 0 && !S_ISREG(old.st_mode)) {
     // A device or a FIFO (/dev/stdout, /dev/null, a pipe to a reader):
     // written through, since renaming over it would replace it. A FIFO with
     // no reader fails at once instead of blocking in open().
-    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail(errno == ENXIO ? "nothing is reading the pipe" : std::strerror(errno));
     int err = ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
     if (err == 0) err = write_all(fd, pieces);
@@ -82,6 +82,10 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
     if (err != 0) fail(std::strerror(err));
     return;
   }
+  // A regular file, or none yet: replaced by a rename in the directory it is
+  // (or will be) in, at the end of any symbolic links, so a link stays a link.
+  const std::filesystem::path target = output_target(path);
+  const bool exists = ::stat(target.c_str(), &old) == 0;
   std::string tmp = target.string() + ".tmp-XXXXXX";
   const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));

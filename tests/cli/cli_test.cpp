@@ -307,6 +307,11 @@ TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
     EXPECT_EQ(fs::status(dir / "private.svg").permissions() & fs::perms::all,
               fs::perms::owner_read | fs::perms::owner_write);
   }
+  {  // /dev/stdout: here a pipe (popen), whose /proc link reads "pipe:[N]", no path
+    const CliRun r = run(plan + "/dev/stdout");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("<svg"), std::string::npos) << r.output;
+  }
   if (::geteuid() == 0) {  // a character device: a copy of /dev/null
     ASSERT_EQ(::mknod((dir / "null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0) << std::strerror(errno);
     const CliRun r = run(plan + (dir / "null").string());

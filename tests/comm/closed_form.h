@@ -6,7 +6,10 @@
 // or within ulps).
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "lockstep/comm/collectives.h"
@@ -46,6 +49,28 @@ inline float expected(comm::ReduceOp op, int n, std::size_t i) {
       return base;
   }
   return 0;
+}
+
+// gtest's FLOAT_EQ as a plain function: within 4 units in the last place, NaN
+// equal to nothing (gtest's FloatingPoint::AlmostEquals, on the same biased
+// integer representation). The grids compare millions of elements, and an
+// ASSERT_FLOAT_EQ per element cost more than the collectives themselves under
+// the sanitizers; they find the first mismatch with this and assert on that.
+inline bool float_eq(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return false;
+  auto biased = [](float f) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+    return (u & 0x80000000u) != 0 ? ~u + 1 : u | 0x80000000u;
+  };
+  const std::uint32_t x = biased(a), y = biased(b);
+  return (x > y ? x - y : y - x) <= 4;
+}
+
+// The first i where got[i] is not FLOAT_EQ to expected(op, n, i), or got.size().
+inline std::size_t first_mismatch(const std::vector<float>& got, comm::ReduceOp op, int n) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!float_eq(got[i], expected(op, n, i))) return i;
+  return got.size();
 }
 
 // --- reduce-scatter -----------------------------------------------------------
