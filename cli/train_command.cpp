@@ -239,6 +239,14 @@ int run_train(TrainFlags& f) {
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     c.initial_params = nn::load_weights(f.init_file, model->layout());
+    for (const auto& t : model->layout().tensors()) {  // training from them would give NaN from step 0
+      const auto values = std::span<const float>(*c.initial_params).subspan(t.offset, t.numel);
+      if (std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); })) {
+        throw InvalidArgument("--init " + f.init_file + ": tensor " + t.name +
+                              " holds NaN or infinite values; no model trains from them. Give weights saved from "
+                              "a healthy run.");
+      }
+    }
   }
   if (!in_group) return train_and_report(f, data, nullptr);
   return train_as_rank(f, data);

@@ -397,6 +397,20 @@ TEST(Cli, BadSafetensorsInitIsNamed) {
   const CliRun r = run("train --data " + dir.string() + " --steps 1 --init " + bad.string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("bad.safetensors"), std::string::npos) << r.output;
+  // Well-formed weights holding a NaN (the file's last float, of its last tensor): refused, not
+  // trained into NaN.
+  const fs::path good = dir / "good.safetensors";
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 4 --hidden 8 --steps 1";
+  ASSERT_EQ(run(common + " --quiet --save " + good.string()).code, 0);
+  {
+    std::fstream f(good, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};  // a quiet NaN, little-endian
+    f.write(reinterpret_cast<const char*>(nan), 4);
+  }
+  const CliRun poisoned = run(common + " --init " + good.string());
+  EXPECT_EQ(poisoned.code, 2) << poisoned.output;
+  EXPECT_NE(poisoned.output.find("holds NaN or infinite values"), std::string::npos) << poisoned.output;
 }
 
 TEST(Cli, UnwritableSaveFailsBeforeTraining) {
