@@ -4,6 +4,8 @@
 //   0 success, 1 a runtime error (file, data, replica failure), 2 a usage error,
 //   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <string>
 
@@ -65,7 +67,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    if (code != 0 && app.got_subcommand("launch") && dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    const bool has_separator = std::any_of(argv, argv + argc, [](const char* a) { return std::strcmp(a, "--") == 0; });
+    if (code != 0 && app.got_subcommand("launch") && !has_separator &&
+        dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
       // `lockstep launch --nproc 2 train --steps 2`: the command's own flags
       // reached launch's parser.
       std::cerr << "lockstep: the command launch runs goes after --, e.g. lockstep launch --nproc 4 -- train "

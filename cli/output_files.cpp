@@ -31,6 +31,11 @@ void check_writable(const NamedFile& out) {
   std::error_code ec;
   const fs::file_status status = fs::status(out.path, ec);
   if (fs::is_directory(status)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
+  struct stat st {};
+  if (::stat(out.path.c_str(), &st) == 0 && standard_stream_of(st) >= 0) return;  // appended to the stream
+  if (fs::is_socket(status)) {
+    throw InvalidArgument(out.flag + " " + out.path + " is a socket; give a file, a device or a pipe.");
+  }
   if (fs::exists(status) && !fs::is_regular_file(status)) {  // a device or a FIFO: written through
     if (::access(out.path.c_str(), W_OK) != 0) {
       throw InvalidArgument(out.flag + " " + out.path + " is not writable (" + std::strerror(errno) + ").");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -43,6 +44,14 @@ std::filesystem::path output_target(const std::filesystem::path& path) {
   return target;
 }
 
+int standard_stream_of(const struct stat& file) {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat s {};
+    if (::fstat(fd, &s) == 0 && s.st_dev == file.st_dev && s.st_ino == file.st_ino) return fd;
+  }
+  return -1;
+}
+
 namespace {
 
 // Writes every piece to `fd`; 0 or the errno that stopped it.
@@ -69,13 +78,23 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   struct stat old {};
   // stat follows every link, /proc's magic ones too (/dev/stdout is
   // /proc/self/fd/1, whose link text may be "pipe:[1234]"): what is at the end?
-  if (::stat(path.c_str(), &old) == 0 && S_ISDIR(old.st_mode)) fail("it is a directory; give a file name");
-  if (::stat(path.c_str(), &old) == 0 && !S_ISREG(old.st_mode)) {
-    // A device or a FIFO (/dev/stdout, /dev/null, a pipe to a reader):
-    // written through, since renaming over it would replace it. A FIFO with
-    // no reader fails at once instead of blocking in open().
+  const bool found = ::stat(path.c_str(), &old) == 0;
+  if (found && S_ISDIR(old.st_mode)) fail("it is a directory; give a file name");
+  if (const int stream = found ? standard_stream_of(old) : -1; stream >= 0) {
+    // Our own stdout or stderr (/dev/stdout, or the file the shell
+    // redirected it to): appended to the stream, after what it already
+    // holds. Renaming over the file would drop everything else written there.
+    std::fflush(nullptr);
+    if (const int err = write_all(stream, pieces); err != 0) fail(std::strerror(err));
+    return;
+  }
+  if (found && S_ISSOCK(old.st_mode)) fail("it is a socket; give a file, a device or a pipe");
+  if (found && !S_ISREG(old.st_mode)) {
+    // A device or a FIFO (/dev/null, a pipe to a reader): written through,
+    // since renaming over it would replace it. A FIFO with no reader fails at
+    // once instead of blocking in open().
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail(errno == ENXIO ? "nothing is reading the pipe" : std::strerror(errno));
+    if (fd < 0) fail(errno == ENXIO && S_ISFIFO(old.st_mode) ? "nothing is reading the pipe" : std::strerror(errno));
     int err = ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
     if (err == 0) err = write_all(fd, pieces);
     if (::close(fd) != 0 && err == 0) err = errno;

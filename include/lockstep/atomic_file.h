@@ -3,6 +3,8 @@
 // (data::write_idx, which writes test fixtures, does not.)
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <filesystem>
 #include <span>
@@ -16,14 +18,19 @@ namespace lockstep {
 // the old file as it was and no temporary behind. A file that existed keeps
 // its mode (and its owner, where the process may set it); a new one gets
 // 0666 less the umask. A symbolic link is followed (output_target), so the
-// link stays and its target gets the new contents. A device or FIFO
-// (/dev/stdout, a pipe) is written through, not replaced; a FIFO nobody
-// reads fails at once. Throws IoError "PATH: could not write WHAT (why)."
+// link stays and its target gets the new contents. The process's own stdout
+// or stderr (/dev/stdout, or the file the shell redirected it to) is
+// appended to, after flushing stdio; a device or FIFO is written through,
+// not replaced, and a FIFO nobody reads fails at once; a socket is refused.
+// Throws IoError "PATH: could not write WHAT (why)."
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
                            std::string_view what);
 // The file a write to `path` lands in: `path` with its symbolic links
 // followed (to a target that need not exist yet). Throws IoError on a loop.
 std::filesystem::path output_target(const std::filesystem::path& path);
+// STDOUT_FILENO or STDERR_FILENO if `file` (a stat of the path) is that
+// stream's file, else -1.
+int standard_stream_of(const struct stat& file);
 void write_file_atomically(const std::filesystem::path& path, std::string_view text, std::string_view what);
 
 }  // namespace lockstep

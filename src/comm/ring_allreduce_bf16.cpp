@@ -18,7 +18,7 @@
 // = 2(N-1)/N x 2 bytes per element, half the float ring's 2(N-1)/N x 4.
 // Latency term: 2(N-1) message latencies. Memory: scratch of one chunk as
 // float (the partial sum) plus two as bf16 (received chunks: receives are
-// posted two rounds ahead, Note [Receive one round ahead]).
+// posted two rounds ahead, Note [Receive ahead]).
 //
 // Note [bf16 all-reduce error bound]
 // The chunk that starts at rank c sums x_1..x_N (bf16 values, in ring order
@@ -68,7 +68,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
   };
   // Scratch: the float partial sum, then two received bf16 chunks (the
   // float part first keeps all aligned): receives are posted ahead (Note
-  // [Receive one round ahead]), into the wire buffer no round in flight reads.
+  // [Receive ahead]), into the wire buffer no round in flight reads.
   const std::size_t max_chunk = (count + n - 1) / n;
   auto scratch = comm.scratch(max_chunk * (sizeof(float) + 2 * sizeof(std::uint16_t)));
   auto* acc_base = reinterpret_cast<float*>(scratch.data());
@@ -83,7 +83,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
     return comm.irecv(left, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_writable_bytes(into));
   };
 
-  // Note [Receive one round ahead]
+  // Note [Receive ahead]
   // Gloo's TCP pairs, like MPI's rendezvous protocol for large messages, move
   // a message's bytes only once its receive is posted. Posted at the start of
   // its own round, and with each round's send waiting for the one before, every
@@ -94,9 +94,10 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
   // is in (and reduced), before round s's own send has finished. The buffers
   // do not collide: the reduce-scatter alternates two wire buffers (round s+2
   // is posted once round s's was read), and the all-gather's round g lands in
-  // chunk r-g, which only the reduce-scatter's round 0 reads (it sends our
-  // contribution, chunk r, which all-gather round 0 overwrites). With N = 2
-  // that round is the one before, so that receive waits for the send.
+  // chunk r-g, which the reduce-scatter wrote in its round g-1 and sent in
+  // its round g; that receive is posted after round N-3+g's send finished,
+  // so after both, for N >= 3. With N = 2 all-gather round 0 (chunk r) would
+  // be posted while round 0 still sends chunk r, so it waits for that send.
   std::vector<std::unique_ptr<Work>> recvs(static_cast<std::size_t>(rounds));
   auto sent_in = [&](int round) { return round < n - 1 ? chunk(r - round) : chunk(r + 1 - (round - (n - 1))); };
   auto send = [&](int round) {

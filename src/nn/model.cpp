@@ -81,6 +81,7 @@ std::span<const float> Model::forward(std::span<const float> x, std::int64_t bat
                    "Model::forward: the forward context needs one sample index per row, or none");
   reserve(std::max<std::int64_t>(batch, 1));
   input_ = x.data();
+  forward_batch_ = batch;
   const float* in = input_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->forward(in, acts_[i].data(), batch, ctx);
@@ -92,8 +93,9 @@ std::span<const float> Model::forward(std::span<const float> x, std::int64_t bat
 
 void Model::backward(std::span<const float> dlogits, std::int64_t batch, bool accumulate,
                      const std::function<void(std::size_t layer)>& layer_done) {
-  LOCKSTEP_REQUIRE(batch >= 0 && batch <= capacity_,
-                   "Model::backward: no forward of batch " + std::to_string(batch) + " before it");
+  LOCKSTEP_REQUIRE(batch == forward_batch_, "Model::backward: batch " + std::to_string(batch) +
+                                                 ", but the last forward was of batch " +
+                                                 std::to_string(forward_batch_) + " (backward needs its activations)");
   LOCKSTEP_REQUIRE(dlogits.size() == static_cast<std::size_t>(batch * out_features()),
                    "Model::backward: dlogits holds " + std::to_string(dlogits.size()) + " floats, not batch " +
                        std::to_string(batch) + " x " + std::to_string(out_features()) + " outputs");

@@ -62,14 +62,16 @@ std::vector<ddp::Bucket> planned_buckets(const TrainConfig& c, const nn::Layout&
   return ddp::assign_buckets(numels, bytes(c.first_bucket_mb), bytes(c.bucket_mb));
 }
 
+std::uint64_t inputs_digest(const data::ImageClassificationData& data) {
+  return ddp::digest(std::as_bytes(std::span(data.train.inputs)));
+}
+
 std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
                                                   const data::ImageClassificationData& data,
                                                   std::int64_t total_steps, const nn::Model& model,
-                                                  std::span<const ddp::Bucket> buckets) {
+                                                  std::span<const ddp::Bucket> buckets,
+                                                  std::uint64_t inputs_digest) {
   std::string labels_digest = std::to_string(ddp::digest(std::as_bytes(std::span(data.train.labels))));
-  // The inputs as this rank will train on them: other image files, or
-  // --normalize on some ranks only, change them (~30 ms for Fashion-MNIST).
-  std::string inputs_digest = std::to_string(ddp::digest(std::as_bytes(std::span(data.train.inputs))));
   std::vector<std::string> tensor_names;
   for (const auto& t : model.layout().tensors()) tensor_names.push_back(t.name);
   std::string faults;
@@ -96,7 +98,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"data set (size, features, classes, labels)",
        std::to_string(data.train.size) + " " + std::to_string(data.train.features) + " " +
            std::to_string(data.train.num_classes) + " " + labels_digest},
-      {"training inputs (the image files, --normalize)", inputs_digest},
+      {"training inputs (the image files, --normalize)", std::to_string(inputs_digest)},
       {"--algorithm", comm::to_string(c.algorithm)},
       {"--compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
       {"model (parameter names, shapes and order)", model.describe() + "\n" + layout_text(model.layout())},

@@ -17,10 +17,15 @@
 namespace lockstep::train::detail {
 
 // What this replica is about to run, field by field, for ddp::handshake.
+// `inputs_digest`: inputs_digest(data), taken once per process.
 std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
                                                   const data::ImageClassificationData& data,
                                                   std::int64_t total_steps, const nn::Model& model,
-                                                  std::span<const ddp::Bucket> buckets);
+                                                  std::span<const ddp::Bucket> buckets, std::uint64_t inputs_digest);
+
+// A digest of the training inputs as they will be trained on: other image
+// files, or --normalize on some ranks only, change it.
+std::uint64_t inputs_digest(const data::ImageClassificationData& data);
 
 // The buckets the reducer will build for this config (the same pure function).
 std::vector<ddp::Bucket> planned_buckets(const TrainConfig& c, const nn::Layout& layout);

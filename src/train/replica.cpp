@@ -95,7 +95,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   auto grads = model->grads();
 
   // Before anything else crosses: do all replicas run the same thing?
-  const auto fields = handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()));
+  const auto fields =
+      handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()), s.inputs_digest);
   ddp::handshake(comm, fields);
   out.handshake_fields = fields.size();
   // Rank 0 writes the trace and the SVG, so over processes its command line

@@ -11,6 +11,7 @@
 #include "lockstep/nn/gemm.h"
 #include "atoms.h"
 #include "gather_timeline.h"
+#include "guards.h"
 #include "replica.h"
 
 namespace lockstep::train {
@@ -331,6 +332,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
       comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout, .ranks_per_node = c.ranks_per_node});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
   detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  shared.inputs_digest = detail::inputs_digest(data);
   std::vector<detail::ReplicaOutput> outputs(c.replicas);
   std::vector<std::exception_ptr> errors(c.replicas);
   {
@@ -395,6 +397,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   };
   detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now(),
                         /*timeline_from_rank0=*/true};
+  shared.inputs_digest = detail::inputs_digest(data);
   std::vector<detail::ReplicaOutput> outputs(1);
   or_abort([&] { outputs[0] = detail::run_replica(shared, comm); });
   const bool recorded = outputs[0].recorded_timeline;

@@ -1,8 +1,11 @@
 // The command-line tool as a user meets it: exit codes and messages for bad
 // input, and a real (tiny) training run end to end.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,6 +214,50 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
 
 // A flag the chosen model or optimizer would ignore is an error, not a no-op;
 // --timeline-step past the end is found before training, with --epochs too.
+// Each flag the chosen mode would ignore is refused, naming it, before any
+// work (the data here is too small for the default run, so training would
+// fail differently).
+TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
+  const fs::path dir = make_data_dir("cli_mode_flags");
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--atom 8", "--atom sets --deterministic's unit of summation"},
+      {"--deterministic --ragged pad", "so --ragged has no effect"},
+      {"--deterministic --bucket-mb 4", "so --bucket-mb has no effect"},
+      {"--deterministic --overlap on", "so --overlap has no effect"},
+      {"--bucket-mb 0 --first-bucket-mb 5", "so --first-bucket-mb has no effect"},
+      {"--check-every 0 --on-divergence repair", "--check-every 0 turns the check off"},
+      {"--bn-stats sync", "--model mlp has none"},
+      {"--rank 1", "--rank is for a group of processes"},
+      {"--secret-file /nonexistent", "--secret-file is for a group of processes"},
+      {"--backend mpi --rendezvous file:/nonexistent", "--rendezvous is for --backend gloo"},
+      {"--save ''", "--save needs a file name."},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliRun r = run(common + flags);
+    EXPECT_EQ(r.code, 2) << flags << ":\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ":\n" << r.output;
+  }
+  // Checked before any work, each naming what to change.
+  const std::vector<std::pair<std::string, std::string>> early = {
+      {"bench overlap --replicas 1 --data " + dir.string(), "needs at least 2 replicas"},
+      {"demo ragged --data " + dir.string(), "takes one global batch of 235 training samples"},
+      {"bench train --data " + dir.string(), "global batches of up to 256 samples"},
+      {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
+      {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; pass --data the directory"},
+      {"launch --nproc 2 train --steps 2", "goes after --"},
+  };
+  for (const auto& [args, message] : early) {
+    const CliRun r = run(args);
+    EXPECT_NE(r.code, 0) << args << ":\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ":\n" << r.output;
+  }
+  const CliRun bench = run("bench allreduce --sizes 4K --algorithm native");
+  EXPECT_EQ(bench.output.find("bytes"), std::string::npos) << "measured before refusing:\n" << bench.output;
+  const CliRun typo = run("launch --nproc 2 --bogus -- plan");  // a launch flag, not a misplaced command
+  EXPECT_EQ(typo.output.find("goes after --"), std::string::npos) << typo.output;
+}
+
 TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   const fs::path dir = make_data_dir("cli_ignored");
   const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 ";
@@ -312,6 +359,30 @@ TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("<svg"), std::string::npos) << r.output;
   }
+  {  // /dev/stdout redirected to a file the user had: appended to, not renamed over
+    const fs::path log = dir / "log.txt";
+    std::ofstream(log) << "precious\n";
+    const CliRun r = run(plan + "/dev/stdout >> " + log.string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::ifstream in(log);
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    EXPECT_EQ(text.rfind("precious\n", 0), 0u) << text;
+    EXPECT_NE(text.find("<svg"), std::string::npos) << text;
+    EXPECT_NE(text.find("plot: /dev/stdout"), std::string::npos) << "plan's own output was lost:\n" << text;
+  }
+  {  // a socket: refused before anything is computed
+    const int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string where = (dir / "sock").string();
+    ASSERT_LT(where.size(), sizeof addr.sun_path);
+    std::memcpy(addr.sun_path, where.c_str(), where.size() + 1);
+    ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+    const CliRun r = run(plan + where);
+    ::close(s);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("is a socket"), std::string::npos) << r.output;
+  }
   if (::geteuid() == 0) {  // a character device: a copy of /dev/null
     ASSERT_EQ(::mknod((dir / "null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0) << std::strerror(errno);
     const CliRun r = run(plan + (dir / "null").string());
@@ -326,19 +397,14 @@ TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("nothing is reading the pipe"), std::string::npos) << r.output;
   }
-  {  // a FIFO with a reader gets the plot
-    std::string got;
-    std::thread reader([&] {
-      std::ifstream in(dir / "pipe");  // blocks until the writer opens it
-      got.assign(std::istreambuf_iterator<char>(in), {});
-    });
-    // The reader must be in open() before the writer looks for it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {  // a FIFO with a reader gets the plot (it fits in the pipe's buffer: read after the run)
+    const int reader = ::open((dir / "pipe").c_str(), O_RDONLY | O_NONBLOCK);
+    ASSERT_GE(reader, 0) << std::strerror(errno);
     const CliRun r = run(plan + (dir / "pipe").string());
-    if (r.code != 0) {  // unblock the reader
-      std::ofstream(dir / "pipe") << "";
-    }
-    reader.join();
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(reader, buf, sizeof buf)) > 0;) got.append(buf, std::size_t(n));
+    ::close(reader);
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(got.find("<svg"), std::string::npos);
     struct stat st {};

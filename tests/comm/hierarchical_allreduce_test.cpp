@@ -97,8 +97,9 @@ TEST(Hierarchical, PiecesOverlapTheNodeExchangesWithTheCrossNodeRing) {
       allreduce(comm, data, {.op = ReduceOp::Mean, .algorithm = Algorithm::Hierarchical});
       results[comm.rank()] = std::move(data);
     }));
-    if (const std::size_t i = testing::closed_form::first_mismatch(results[0], ReduceOp::Mean, n); i < count)
+    if (const std::size_t i = testing::closed_form::first_mismatch(results[0], ReduceOp::Mean, n); i < count) {
       ASSERT_FLOAT_EQ(results[0][i], testing::closed_form::expected(ReduceOp::Mean, n, i)) << "i " << i;
+    }
     for (int r = 1; r < n; ++r)
       ASSERT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float))) << "rank " << r;
   }

@@ -79,6 +79,12 @@ TEST(Model, CallerMistakesAreInvalidArgument) {
   EXPECT_THROW(m->backward(std::vector<float>(6), 2, false), InvalidArgument);  // no forward yet
   m->forward(std::vector<float>(8), 2);
   EXPECT_THROW(m->backward(std::vector<float>(5), 2, false), InvalidArgument);
+  // A batch other than the last forward's: backward would read rows past that input.
+  const std::vector<float> eight(32), two(8);
+  m->forward(eight, 8);
+  m->forward(two, 2);
+  EXPECT_THROW(m->backward(std::vector<float>(24), 8, false), InvalidArgument);
+  EXPECT_NO_THROW(m->backward(std::vector<float>(6), 2, false));
   const float logits[4] = {0, 1, 2, 3};
   for (std::int32_t label : {2, -1}) {
     const std::int32_t labels[2] = {0, label};

@@ -93,6 +93,7 @@ class Model {
   bool training_ = true;
   std::vector<std::vector<float>> acts_;  // acts_[i] = output of layer i
   const float* input_ = nullptr;          // the last input batch (not owned)
+  std::int64_t forward_batch_ = -1;       // its rows; backward must be of the same batch
   std::vector<float> dbuf_[2];            // ping-pong upstream gradients
   std::int64_t capacity_ = 0;
 };
