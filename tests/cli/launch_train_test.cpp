@@ -17,6 +17,7 @@
 #include <memory>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -387,23 +388,33 @@ TEST_F(LaunchTrain, TheTraceAndTheTimelineShowEveryRankOnOneClock) {
 // others only) is no mismatch, and nothing is lost. Before, the ranks
 // disagreed on whether to gather, and rank 0 timed out after training
 // without writing --save.
+// Two Gloo ranks started by hand (a file rendezvous in `dir`), 4 steps each;
+// `more(r, args)` adds rank r's own flags.
+std::vector<std::unique_ptr<CliRun>> start_two_ranks(const fs::path& data, const fs::path& dir,
+                                                     const std::function<void(int, std::vector<std::string>&)>& more) {
+  fs::create_directories(dir / "rv");
+  std::vector<std::unique_ptr<CliRun>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> extra = {"--steps",      "4", "--backend", "gloo", "--rank", std::to_string(r),
+                                      "--world-size", "2", "--rendezvous", "file:" + (dir / "rv").string(),
+                                      "--timeout",    "20"};
+    more(r, extra);
+    const auto rank_dir = dir / ("rank" + std::to_string(r));
+    fs::create_directories(rank_dir);
+    ranks.push_back(std::make_unique<CliRun>(rank_dir, train_args(data, extra)));
+  }
+  return ranks;
+}
+
 TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
   const auto data = make_data_dir("trace_some");
   for (const int traced : {0, 1}) {
     SCOPED_TRACE("--trace on rank " + std::to_string(traced));
     const auto dir = run_dir("trace_some" + std::to_string(traced));
-    fs::create_directories(dir / "rv");
-    std::vector<std::unique_ptr<CliRun>> ranks;
-    for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> extra = {"--steps",      "4", "--backend", "gloo", "--rank", std::to_string(r),
-                                        "--world-size", "2", "--rendezvous", "file:" + (dir / "rv").string(),
-                                        "--timeout",    "20"};
+    auto ranks = start_two_ranks(data, dir, [&](int r, std::vector<std::string>& extra) {
       if (r == traced) extra.insert(extra.end(), {"--trace", (dir / "t.json").string()});
       if (r == 0) extra.insert(extra.end(), {"--save", (dir / "w.safetensors").string()});
-      const auto rank_dir = dir / ("rank" + std::to_string(r));
-      fs::create_directories(rank_dir);
-      ranks.push_back(std::make_unique<CliRun>(rank_dir, train_args(data, extra)));
-    }
+    });
     for (auto& rank : ranks) EXPECT_EQ(rank->wait(), 0) << rank->err();
     EXPECT_TRUE(fs::exists(dir / "w.safetensors"));
     if (traced == 0) {
@@ -431,18 +442,9 @@ TEST_F(LaunchTrain, RanksWithOtherInputsOrProgressIntervalsRefuseToStart) {
   };
   for (const auto& [flag, field] : cases) {
     SCOPED_TRACE(flag[0]);
-    const auto dir = run_dir("handshake_flags" + flag[0]);
-    fs::create_directories(dir / "rv");
-    std::vector<std::unique_ptr<CliRun>> ranks;
-    for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> extra = {"--steps",      "4", "--backend", "gloo", "--rank", std::to_string(r),
-                                        "--world-size", "2", "--rendezvous", "file:" + (dir / "rv").string(),
-                                        "--timeout",    "20"};
+    auto ranks = start_two_ranks(data, run_dir("handshake_flags" + flag[0]), [&](int r, std::vector<std::string>& extra) {
       if (r == 0) extra.insert(extra.end(), flag.begin(), flag.end());
-      const auto rank_dir = dir / ("rank" + std::to_string(r));
-      fs::create_directories(rank_dir);
-      ranks.push_back(std::make_unique<CliRun>(rank_dir, train_args(data, extra)));
-    }
+    });
     for (auto& rank : ranks) {
       EXPECT_NE(rank->wait(), 0) << rank->err();
       EXPECT_NE(rank->err().find("start-up handshake refused: " + field), std::string::npos) << rank->err();
