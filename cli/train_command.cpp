@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -160,6 +161,45 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
   }
 }
 
+// The memory this host has free (MemAvailable), or 0 if unknown.
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// Every replica holds its weights, gradients and optimizer state (and, with
+// --compress bf16, its error feedback and a bf16 copy). When that alone is
+// more than the host has free, the run is refused now: otherwise the kernel's
+// OOM killer ends it part way, without a word.
+void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here) {
+  // Counted, not built: a probe model would itself zero gigabytes first.
+  double params = 0;
+  if (c.model == "mlp") {
+    double in = double(data.train.features);
+    for (const auto h : c.hidden) params += in * double(h) + double(h), in = double(h);
+    params += in * double(data.train.num_classes) + double(data.train.num_classes);
+  } else {  // the built-in CNN is small
+    params = double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
+  }
+  const double state = c.optimizer == "adamw" ? 2 : c.momentum > 0 ? 1 : 0;
+  const double copies = 2 + state + (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
+  const double need = replicas_here * params * sizeof(float) * copies;
+  const double available = available_memory_bytes();
+  if (available > 0 && need > available) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
+                  "parameters each), and the machine has %.1f GB free; lower --replicas or --hidden.",
+                  need / 1e9, replicas_here, params, available / 1e9);
+    throw InvalidArgument(text);
+  }
+}
+
 // A rank's error names the rank, and reaches the other ranks at once (abort).
 [[noreturn]] void rethrow_as_rank(comm::Communicator& group) {
   const std::string rank = "rank " + std::to_string(group.rank());
@@ -274,6 +314,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
+  check_memory(c, data, group == nullptr ? c.replicas : 1);  // before the trainer builds a probe model
   train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();

@@ -254,6 +254,12 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   }
   const CliRun bench = run("bench allreduce --sizes 4K --algorithm native");
   EXPECT_EQ(bench.output.find("bytes"), std::string::npos) << "measured before refusing:\n" << bench.output;
+  // More than the machine has: 1024 replicas x 3 copies x 16 M parameters is ~200 GB.
+  const CliRun huge = run("train --data " + make_data_dir("cli_huge", 1024).string() +
+                          " --replicas 1024 --micro-batch 1 --hidden 4000,4000 --steps 1");
+  EXPECT_EQ(huge.code, 2) << huge.output;
+  EXPECT_NE(huge.output.find("GB for 1024 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << huge.output;
   const CliRun typo = run("launch --nproc 2 --bogus -- plan");  // a launch flag, not a misplaced command
   EXPECT_EQ(typo.output.find("goes after --"), std::string::npos) << typo.output;
 }
