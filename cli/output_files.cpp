@@ -28,15 +28,14 @@ bool same_file(const std::string& a, const std::string& b) {
 void check_writable(const NamedFile& out) {
   // As write_file_atomically sees it: what is at the end of every link
   // (/proc's magic ones too), then, for a file, where it lands.
-  std::error_code ec;
-  const fs::file_status status = fs::status(out.path, ec);
-  if (fs::is_directory(status)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
   struct stat st {};
-  if (::stat(out.path.c_str(), &st) == 0 && standard_stream_of(st) >= 0) return;  // appended to the stream
-  if (fs::is_socket(status)) {
+  const bool found = ::stat(out.path.c_str(), &st) == 0;
+  if (found && S_ISDIR(st.st_mode)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
+  if (found && standard_stream_of(st) >= 0) return;  // appended to the stream
+  if (found && S_ISSOCK(st.st_mode)) {
     throw InvalidArgument(out.flag + " " + out.path + " is a socket; give a file, a device or a pipe.");
   }
-  if (fs::exists(status) && !fs::is_regular_file(status)) {  // a device or a FIFO: written through
+  if (found && !S_ISREG(st.st_mode)) {  // a device or a FIFO: written through
     if (::access(out.path.c_str(), W_OK) != 0) {
       throw InvalidArgument(out.flag + " " + out.path + " is not writable (" + std::strerror(errno) + ").");
     }
@@ -45,6 +44,7 @@ void check_writable(const NamedFile& out) {
   const fs::path target = output_target(out.path);
   const fs::path parent = fs::absolute(target).parent_path();
   const auto where = out.flag + " " + out.path + ": ";
+  std::error_code ec;
   if (!fs::exists(parent, ec)) throw InvalidArgument(where + "the directory " + parent.string() + " does not exist.");
   if (!fs::is_directory(parent, ec)) {
     throw InvalidArgument(where + parent.string() + " is a file, not a directory; give a path in a directory.");

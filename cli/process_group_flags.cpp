@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "checks.h"
 #include "lockstep/error.h"
@@ -77,20 +78,18 @@ void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algor
 void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& f) {
   const comm::Backend backend = backend_of(f);
   if (backend == comm::Backend::Gloo) return;
-  const auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
-  for (const char* flag : {"--rendezvous", "--bind", "--job-id", "--secret-file", "--rendezvous-timeout"}) {
-    if (given(flag) && backend == comm::Backend::Mpi) {
-      throw InvalidArgument(std::string(flag) + " is for --backend gloo, whose ranks meet and connect themselves; "
-                            "under mpirun MPI connects them and it has no effect. Leave it out.");
-    }
-  }
-  if (backend != comm::Backend::Threads) return;  // MPI checks --rank and --world-size against its own
   for (const char* flag : {"--rank", "--world-size", "--rendezvous", "--bind", "--job-id", "--secret-file",
                            "--rendezvous-timeout"}) {
-    if (given(flag)) {
+    if (cmd.get_option(flag)->count() == 0) continue;
+    if (backend == comm::Backend::Threads) {
       throw InvalidArgument(std::string(flag) + " is for a group of processes (--backend gloo or mpi); with "
                             "--backend threads every replica is a thread of this process and it has no effect. "
                             "Give --backend gloo, or leave it out.");
+    }
+    const bool rank_flag = std::string_view(flag) == "--rank" || std::string_view(flag) == "--world-size";
+    if (!rank_flag) {  // MPI checks --rank and --world-size against its own
+      throw InvalidArgument(std::string(flag) + " is for --backend gloo, whose ranks meet and connect themselves; "
+                            "under mpirun MPI connects them and it has no effect. Leave it out.");
     }
   }
 }

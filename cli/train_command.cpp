@@ -16,6 +16,8 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "lockstep/cost/models.h"
+#include "lockstep/cost/plan.h"
 #include "lockstep/cost/profile.h"
 #include "lockstep/error.h"
 #include "lockstep/nn/weights_file.h"
@@ -177,17 +179,16 @@ double available_memory_bytes() {
 // more than the host has free, the run is refused now: otherwise the kernel's
 // OOM killer ends it part way, without a word.
 void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here) {
-  // Counted, not built: a probe model would itself zero gigabytes first.
-  double params = 0;
-  if (c.model == "mlp") {
-    double in = double(data.train.features);
-    for (const auto h : c.hidden) params += in * double(h) + double(h), in = double(h);
-    params += in * double(data.train.num_classes) + double(data.train.num_classes);
-  } else {  // the built-in CNN is small
-    params = double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
-  }
-  const double state = c.optimizer == "adamw" ? 2 : c.momentum > 0 ? 1 : 0;
-  const double copies = 2 + state + (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
+  // The MLP counted by the cost model, not built: a probe model would itself
+  // zero gigabytes first. The built-in CNN is small.
+  const double params =
+      c.model == "mlp" ? cost::mlp_model(data.train.features, c.hidden, data.train.num_classes).params()
+                       : double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
+  const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
+                                    : c.momentum > 0       ? cost::Optimizer::Momentum
+                                                           : cost::Optimizer::Sgd;
+  const double copies =
+      2 + cost::optimizer_state_factor(optimizer) + (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
   const double need = replicas_here * params * sizeof(float) * copies;
   const double available = available_memory_bytes();
   if (available > 0 && need > available) {
