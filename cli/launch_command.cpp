@@ -110,6 +110,17 @@ int run_launch(const LaunchFlags& f) {
       throw InvalidArgument("launch starts " + f.backend + " processes, but the command asks for --backend " +
                             backend + ", so the ranks would not join one job. Leave --backend out of the command.");
     }
+    // What launch sets for each rank itself: given in the command too, every
+    // rank would get the same value (one rank claimed N times, a group of
+    // another size, a rendezvous other than the one launch made).
+    for (const auto& [flag, how] : {std::pair<std::string, std::string>{"--rank", "each rank its own"},
+                                    {"--world-size", "--nproc"},
+                                    {"--rendezvous", "a fresh directory of its own"}}) {
+      if (a == flag || a.rfind(flag + "=", 0) == 0) {
+        throw InvalidArgument("launch sets " + flag + " for every rank (" + how + "); leave " + flag +
+                              " out of the command" + (flag == "--world-size" ? " and give launch --nproc." : "."));
+      }
+    }
   }
   const std::string exe = self_executable();
   const TempDir rendezvous;

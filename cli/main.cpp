@@ -5,6 +5,7 @@
 //   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -39,6 +40,14 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// One write per message: a rank of `lockstep launch` that is stopped right
+// after would otherwise leave "lockstep: error: " without its reason (std::cerr
+// is unbuffered and writes each piece on its own).
+void print_error(const std::string& message) {
+  const std::string line = "lockstep: error: " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,7 +62,7 @@ int main(int argc, char** argv) {
   lockstep::cli::Action launch = lockstep::cli::add_launch_command(app);
 
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
-    std::cerr << "lockstep: error: " << unknown << "\n";
+    print_error(unknown);
     return 2;
   }
   try {
@@ -63,7 +72,7 @@ int main(int argc, char** argv) {
     const std::string what = e.what();
     const auto colon = what.find(": At Most 1 required");
     if (colon == std::string::npos) return app.exit(e) == 0 ? 0 : 2;
-    std::cerr << "lockstep: error: " << what.substr(0, colon) << " was given more than once; give it once.\n";
+    print_error(what.substr(0, colon) + " was given more than once; give it once.");
     return 2;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
@@ -72,8 +81,9 @@ int main(int argc, char** argv) {
         dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
       // `lockstep launch --nproc 2 train --steps 2`: the command's own flags
       // reached launch's parser.
-      std::cerr << "lockstep: the command launch runs goes after --, e.g. lockstep launch --nproc 4 -- train "
-                   "--steps 100\n";
+      std::fputs("lockstep: the command launch runs goes after --, e.g. lockstep launch --nproc 4 -- train "
+                 "--steps 100\n",
+                 stderr);
     }
     return code == 0 ? 0 : 2;
   }
@@ -84,19 +94,19 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("launch")) return launch();
     return bench();
   } catch (const lockstep::InvalidArgument& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
+    print_error(e.what());
     return 2;
   } catch (const lockstep::CommAborted& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
+    print_error(e.what());
     return lockstep::cli::kExitAbortedByPeer;
   } catch (const std::bad_alloc&) {
-    std::cerr << "lockstep: error: out of memory; lower "
-              << (app.got_subcommand("bench") ? "--replicas, --sizes, --micro-batch or --hidden"
-                                              : "--replicas, --micro-batch or --hidden")
-              << ".\n";
+    print_error(std::string("out of memory; lower ") +
+                (app.got_subcommand("bench") ? "--replicas, --sizes, --micro-batch or --hidden"
+                                             : "--replicas, --micro-batch or --hidden") +
+                ".");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "lockstep: error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   }
 }

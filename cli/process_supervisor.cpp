@@ -1,10 +1,13 @@
 // The supervisor's loop, in order:
-//   1. signal handlers first (SIGCHLD, SIGINT, SIGTERM write their number to
+//   1. signal handlers first (SIGCHLD, SIGINT, SIGTERM, SIGHUP write their number to
 //      a self-pipe), then fork+exec each child with all signals blocked
 //      until its exec, its output on two pipes and PR_SET_PDEATHSIG set;
 //   2. poll the children's pipes and the self-pipe (1 s at most per wait):
-//      relay whole lines, reap children on SIGCHLD, forward SIGINT/SIGTERM;
-//   3. on the first failure, SIGTERM the rest; SIGKILL them after the grace;
+//      relay whole lines, reap children on SIGCHLD, forward SIGINT/SIGTERM/
+//      SIGHUP (a closed terminal or a dropped ssh session: the ranks get the
+//      grace too, and the launcher removes its rendezvous directory);
+//   3. on the first failure, SIGTERM the rest (after a moment to end on their
+//      own: SupervisorOptions::own_failure_wait); SIGKILL them after the grace;
 //   4. once every child is reaped, read what is left in the pipes (2 s at
 //      most: a grandchild may hold them open), restore the handlers, return.
 //
@@ -132,7 +135,7 @@ struct Exec {
                                    Pipe err, const sigset_t& mask) {
   // Async-signal-safe calls only from here on. Our handlers would write into
   // the supervisor's self-pipe: default actions before any signal is let in.
-  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
+  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);  // parent already gone
   setpgid(0, group);
   if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out.write, STDOUT_FILENO) < 0 ||
@@ -183,7 +186,7 @@ class SignalScope {
   int fd() const { return read_; }
 
  private:
-  static constexpr std::array<int, 3> kSignals{SIGCHLD, SIGINT, SIGTERM};
+  static constexpr std::array<int, 4> kSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP};
   int read_ = -1;
   std::array<struct sigaction, 3> previous_{};
   struct sigaction previous_pipe_ {};
@@ -233,7 +236,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       if (!result.first_failure || (first_was_consequence && !consequence)) result.first_failure = e;
       // A consequence means the group is aborted and its ranks are ending on
       // their own: the grace lets the one that failed finish saying why.
-      stop_by(consequence ? Clock::now() + options.grace : Clock::now());
+      stop_by(Clock::now() + (consequence ? options.grace : std::min(options.grace, options.own_failure_wait)));
     }
   };
 

@@ -59,6 +59,11 @@ struct SupervisorOptions {
   // 3, CommAborted). Such a failure is named first only if no child failed
   // on its own; -1: none.
   int consequence_exit_code = -1;
+  // After a child fails on its own, the others get this long (at most the
+  // grace) to end by themselves before SIGTERM: lockstep ranks learn of the
+  // abort within milliseconds and print what stopped them, which a SIGTERM
+  // at once cut off. After a consequence they get the whole grace.
+  std::chrono::milliseconds own_failure_wait{1000};
   // Called once per child as it starts (e.g. to print its pid).
   std::function<void(int index, pid_t pid)> on_started;
   // The child whose stdout is relayed as is, without the "[label] " prefix

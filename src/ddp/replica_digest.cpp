@@ -101,8 +101,11 @@ std::vector<DigestMismatch> find_mismatches(std::span<const std::uint64_t> table
         best = &ranks;
     }
     DigestMismatch m{i - first, {}, *best};
-    for (const auto& [d, ranks] : groups)
-      if (&ranks != best) m.ranks.insert(m.ranks.end(), ranks.begin(), ranks.end());
+    for (const auto& [d, ranks] : groups) {
+      if (&ranks == best) continue;
+      m.ranks.insert(m.ranks.end(), ranks.begin(), ranks.end());
+      m.tie = m.tie || ranks.size() == best->size();
+    }
     std::sort(m.ranks.begin(), m.ranks.end());
     out.push_back(std::move(m));
   }
@@ -115,6 +118,7 @@ std::vector<DigestMismatch> compare_across_ranks(comm::Communicator& comm,
 }
 
 int healthy_rank(std::span<const DigestMismatch> mismatches, int world_size) {
+  if (std::any_of(mismatches.begin(), mismatches.end(), [](const DigestMismatch& m) { return m.tie; })) return -1;
   for (int r = 0; r < world_size; ++r) {
     const bool everywhere = std::all_of(mismatches.begin(), mismatches.end(), [&](const DigestMismatch& m) {
       return std::binary_search(m.majority.begin(), m.majority.end(), r);

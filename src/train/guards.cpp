@@ -302,15 +302,25 @@ bool Guards::check(std::int64_t step, bool epoch_end, bool last_step, std::span<
   if (local != m.end()) ++out.buffer_checks_differing;
   m.erase(local, m.end());
   if (m.empty()) return true;
-  std::string what = "replicas diverged by step " + std::to_string(step) + ": " +
-                     fingerprint_.name(m[0].field) + " on " + ddp::describe_ranks(m[0].ranks) +
-                     " differs from " + ddp::describe_ranks(m[0].majority);
+  // A tie (two replicas, a 2-2 split) has no majority: neither side is
+  // named as the one that changed, and nothing is repaired from either.
+  std::string what = "replicas diverged by step " + std::to_string(step) + ": " + fingerprint_.name(m[0].field) +
+                     (m[0].tie ? " differs between " + ddp::describe_ranks(m[0].majority) + " and " +
+                                     ddp::describe_ranks(m[0].ranks) + ", and no value is held by a majority"
+                               : " on " + ddp::describe_ranks(m[0].ranks) + " differs from " +
+                                     ddp::describe_ranks(m[0].majority));
   if (m.size() > 1) what += " (and " + std::to_string(m.size() - 1) + " more tensors)";
   const int root = ddp::healthy_rank(m, comm_.size());
   if (c_.on_divergence == OnDivergence::Stop || root < 0) {
-    throw Error(
-        what + (root < 0 ? "; no replica agrees with the majority on every tensor, so none can repair" : "") +
-        ". Every replica must hold identical weights; rerun, or use --on-divergence repair.");
+    const bool tie = std::any_of(m.begin(), m.end(), [](const ddp::DigestMismatch& d) { return d.tie; });
+    const char* why = root >= 0 ? ""
+                      : tie     ? "; without a majority no replica can be trusted to repair the others"
+                                : "; no replica agrees with the majority on every tensor, so none can repair";
+    const char* remedy = c_.on_divergence == OnDivergence::Stop ? "rerun, or use --on-divergence repair"
+                         : tie ? "rerun (repair needs a majority: 3 or more replicas, and fewer than half of them "
+                                 "diverged)"
+                               : "rerun";
+    throw Error(what + why + ". Every replica must hold identical weights; " + remedy + ".");
   }
   before = comm_.stats().bytes_sent;
   comm::broadcast(comm_, params, root);

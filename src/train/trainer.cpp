@@ -75,6 +75,10 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
   if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
   for (const auto& f : c.inject) {
+    if (f.kind == Fault::Kind::SameSeed && c.replicas < 2) {
+      throw InvalidArgument("--inject same-seed needs 2 or more replicas: with one, there is no other replica to "
+                            "read rank 0's shard again.");
+    }
     if (f.rank < 0 || f.rank >= c.replicas || f.step < 0) {
       throw InvalidArgument("--inject names rank " + std::to_string(f.rank) + " at step " +
                             std::to_string(f.step) + ", but ranks are 0.." + std::to_string(c.replicas - 1) +

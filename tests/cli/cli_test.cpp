@@ -246,6 +246,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
       {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; pass --data the directory"},
       {"launch --nproc 2 train --steps 2", "goes after --"},
+      {"train --replicas 1 --steps 1 --inject same-seed --data " + dir.string(), "needs 2 or more replicas"},
   };
   for (const auto& [args, message] : early) {
     const CliRun r = run(args);
@@ -859,6 +860,12 @@ TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   EXPECT_NE(thrown.output.find("rank 2: injected failure at step 1"), std::string::npos) << thrown.output;
   EXPECT_EQ(run(common + "--inject bitflip@2").code, 2);
   EXPECT_EQ(run(common + "--on-divergence ignore").code, 2);
+  // A flip with the detector off is the card's silent failure, shown on
+  // purpose: allowed, with a warning that nothing will catch it.
+  const CliRun unchecked = run(common + "--check-every 0 --inject bitflip@2:3");
+  EXPECT_EQ(unchecked.code, 0) << unchecked.output;
+  EXPECT_NE(unchecked.output.find("warning: --check-every 0 turns the divergence detector off"), std::string::npos)
+      << unchecked.output;
 }
 
 }  // namespace

@@ -154,6 +154,20 @@ TEST(Supervisor, FirstFailureStopsTheOthers) {
   EXPECT_NE(c.err.find("[rank 1] dying"), std::string::npos);
 }
 
+// A rank that fails on its own stops the group; the others learn of it and
+// say so before they exit. They get a moment for that: SIGTERM at once cut
+// rank 0's "communicator aborted" line off in 2 runs of 12.
+TEST(Supervisor, TheOthersHaveAMomentToSayWhyTheyStop) {
+  const std::string mark = marker("failed");
+  const auto c = run({sh("rank 0", wait_for(mark) + "sleep 0.1; echo aborted too >&2; exit 3"),
+                      sh("rank 1", "touch " + mark + "; exit 1")},
+                     {.grace = std::chrono::seconds(20), .consequence_exit_code = 3});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_NE(c.err.find("[rank 0] aborted too"), std::string::npos) << c.err;
+  for (const auto& e : c.result.exits) EXPECT_FALSE(e.signaled) << describe(e);
+}
+
 TEST(Supervisor, AChildThatIgnoresSigtermIsKilledAfterTheGrace) {
   const std::string mark = marker("ignoring");
   const auto c = run({sh("rank 0", "trap '' TERM; touch " + mark + "; while :; do sleep 0.05; done"),
@@ -188,20 +202,24 @@ TEST(Supervisor, NamesTheCauseNotTheConsequence) {
   EXPECT_EQ(describe(d.result.exits[1]), "signal 15 (SIGTERM)");
 }
 
-TEST(Supervisor, ForwardsSigintToEveryChild) {
-  std::atomic<bool> started{false};
-  std::thread interrupt([&] {
-    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    kill(getpid(), SIGINT);  // as a terminal's Ctrl-C would
-  });
-  const auto c = run({sh("rank 0", "exec sleep 30"), sh("rank 1", "exec sleep 30")},
-                     {.on_started = [&](int index, pid_t) { started = started || index == 1; }});
-  interrupt.join();
-  EXPECT_EQ(c.result.forwarded_signal, SIGINT);
-  EXPECT_FALSE(c.result.first_failure);
-  EXPECT_FALSE(c.result.ok());
-  ASSERT_EQ(c.result.exits.size(), 2u);
-  for (const auto& e : c.result.exits) EXPECT_TRUE(e.signaled && e.value == SIGINT) << describe(e);
+// Ctrl-C, and a closed terminal or dropped ssh session (SIGHUP, which
+// killed the launcher at once and its ranks without the grace).
+TEST(Supervisor, ForwardsSigintAndSighupToEveryChild) {
+  for (int sig : {SIGINT, SIGHUP}) {
+    std::atomic<bool> started{false};
+    std::thread interrupt([&] {
+      while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      kill(getpid(), sig);  // as a terminal's Ctrl-C, or its closing, would
+    });
+    const auto c = run({sh("rank 0", "exec sleep 30"), sh("rank 1", "exec sleep 30")},
+                       {.on_started = [&](int index, pid_t) { started = started || index == 1; }});
+    interrupt.join();
+    EXPECT_EQ(c.result.forwarded_signal, sig);
+    EXPECT_FALSE(c.result.first_failure);
+    EXPECT_FALSE(c.result.ok());
+    ASSERT_EQ(c.result.exits.size(), 2u);
+    for (const auto& e : c.result.exits) EXPECT_TRUE(e.signaled && e.value == sig) << describe(e);
+  }
 }
 
 TEST(Supervisor, AProgramThatCannotStartIsAFailure) {

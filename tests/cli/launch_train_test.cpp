@@ -480,6 +480,15 @@ TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
   EXPECT_EQ(threads.wait(), 2);
   EXPECT_NE(threads.err().find("the command asks for --backend threads"), std::string::npos) << threads.err();
   EXPECT_EQ(threads.err().find("lockstep launch: 2 processes"), std::string::npos) << "started:\n" << threads.err();
+  // What launch sets for each rank: refused before anything starts (a
+  // --world-size 3 waited the whole rendezvous timeout for a third rank).
+  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"--world-size", "3"},
+                                    {"--rank", "1"},
+                                    {"--rendezvous", "file:" + run_dir("elsewhere").string()}}) {
+    CliRun own(run_dir("own"), launch_args(2, train_args(data, {"--steps", "1", flag, value})));
+    EXPECT_EQ(own.wait(), 2) << flag;
+    EXPECT_NE(own.err().find("launch sets " + flag + " for every rank"), std::string::npos) << own.err();
+  }
   // bench allreduce joins; --replicas may only agree with the world size, as in train.
   CliRun bench(run_dir("bench"), launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "8"}));
   EXPECT_NE(bench.wait(), 0);

@@ -77,16 +77,35 @@ TEST(CompareAcrossRanks, NamesTheOddRankOnEveryRank) {
   }
 }
 
-// With two replicas there is no majority: rank 0 is the reference.
-TEST(CompareAcrossRanks, TwoRanksTieGoesToRankZero) {
+// With two replicas, or a 2-2 split, there is no majority: the result says
+// it is a tie, and healthy_rank names no rank to repair from (it named
+// rank 0, whichever replica had changed).
+TEST(CompareAcrossRanks, ATieIsMarkedAndHasNoHealthyRank) {
   auto errors = run_ranks(2, [&](comm::Communicator& comm) {
     const std::uint64_t d = comm.rank() == 0 ? 1 : 2;
     auto m = compare_across_ranks(comm, std::span(&d, 1));
     ASSERT_EQ(m.size(), 1u);
     EXPECT_EQ(m[0].ranks, std::vector<int>{1});
     EXPECT_EQ(m[0].majority, std::vector<int>{0});
+    EXPECT_TRUE(m[0].tie);
+    EXPECT_EQ(healthy_rank(m, 2), -1);
   });
   testing::rethrow_first(errors);
+  // Pure cases over 4 ranks, two fields each (rank-major table).
+  const std::vector<std::uint64_t> split = {5, 1, 5, 1, 6, 1, 6, 2};  // field 0: 2-2; field 1: 3-1
+  auto m = find_mismatches(split, 4, 0, 2);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_TRUE(m[0].tie);
+  EXPECT_FALSE(m[1].tie);
+  EXPECT_EQ(m[1].ranks, std::vector<int>{3});
+  EXPECT_EQ(healthy_rank(m, 4), -1);
+  EXPECT_EQ(healthy_rank(std::span(m).subspan(1), 4), 0);
+  const std::vector<std::uint64_t> three_ways = {7, 7, 8, 9};  // 2-1-1: a majority of the groups
+  m = find_mismatches(three_ways, 4, 0, 1);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_FALSE(m[0].tie);
+  EXPECT_EQ(m[0].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(healthy_rank(m, 4), 0);
 }
 
 // find_mismatches is pure and public: a table that is not world_size rows,

@@ -151,6 +151,28 @@ TEST(Divergence, RepairMakesReplicasIdenticalAgainAndTrainingGoesOn) {
   EXPECT_FALSE(unchecked.identical(11));
 }
 
+// Two replicas that disagree have no majority. The flip is on rank 0: the
+// detector named rank 1 as the one that differed and repair re-broadcast
+// rank 0's flipped weights over the healthy replica. Now the message names
+// both without blaming either, and repair refuses instead of guessing.
+TEST(Divergence, WithoutAMajorityNeitherReplicaIsBlamedOrRepairedFrom) {
+  auto c = config(2);
+  c.check_every = 1;
+  c.inject = {fault_from_string("bitflip@3:0")};
+  for (auto policy : {OnDivergence::Stop, OnDivergence::Repair}) {
+    c.on_divergence = policy;
+    const auto what = error_of(c);
+    EXPECT_NE(what.find("replicas diverged by step 3: "), std::string::npos) << what;
+    EXPECT_NE(what.find(" differs between rank 0 and rank 1, and no value is held by a majority"), std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("on rank 1 differs"), std::string::npos) << what;
+    if (policy == OnDivergence::Repair) {
+      EXPECT_NE(what.find("without a majority no replica can be trusted to repair the others"), std::string::npos)
+          << what;
+    }
+  }
+}
+
 // A NaN in rank 2's local gradient at step 4: every replica skips step 4
 // (weights and optimizer state unchanged and identical), the log names rank
 // 2, and training goes on.

@@ -28,14 +28,16 @@ inline std::uint64_t digest(std::span<const float> values) {
   return digest(std::as_bytes(values));
 }
 
-// Field `field` differs between ranks: `ranks` hold another digest than the
-// majority `majority` (the largest group of ranks with equal digests; a tie
-// goes to the group with the lowest rank, so with two replicas rank 0 is the
-// reference).
+// Field `field` differs between ranks: `ranks` hold another digest than
+// `majority`, the largest group of ranks with equal digests. When another
+// group is as large (two replicas that disagree, a 2-2 split), `tie` is set:
+// `majority` is then only the group with the lowest rank, and nothing says
+// which side is right.
 struct DigestMismatch {
   std::size_t field = 0;
   std::vector<int> ranks;     // ascending
   std::vector<int> majority;  // ascending
+  bool tie = false;
 };
 
 // Collective: every rank passes its digests of the same fields in the same
@@ -59,7 +61,8 @@ std::vector<DigestMismatch> find_mismatches(std::span<const std::uint64_t> table
                                             std::size_t first, std::size_t fields);
 
 // A rank that is in the majority for every mismatch (the lowest), or -1 if
-// there is none. The rank to repair the others from.
+// there is none, or if any mismatch is a tie (no majority to trust). The
+// rank to repair the others from.
 int healthy_rank(std::span<const DigestMismatch> mismatches, int world_size);
 
 // "rank 3" or "ranks 1, 5 and 6".
