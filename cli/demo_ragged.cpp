@@ -125,10 +125,15 @@ int run_demo_ragged(const DemoFlags& flags) {
       "over all %lld samples (relative L2 error):\n",
       (long long)global, flags.data_dir.c_str(), kReplicas - 1, (long long)kShard, (long long)kShort,
       (long long)global);
+  // Against the true mean (each sample 1/global), the plain average gives a
+  // sample of the short shard 1/(N x short) and any other 1/(N x shard).
+  const double n = kReplicas;
   std::printf(
-      "  plain     average of the %d replicas' means            %.3e   wrong: the 11 samples weigh 32/11 "
-      "times too much\n",
-      kReplicas, relative_error(plain, full));
+      "  plain     average of the %d replicas' means            %.3e   wrong: each of the %lld samples "
+      "weighs %lld/%lld = %.2fx its share, each other sample %lld/%lld = %.2fx\n",
+      kReplicas, relative_error(plain, full), (long long)kShort, (long long)global,
+      (long long)(kReplicas * kShort), double(global) / (n * double(kShort)), (long long)global,
+      (long long)(kReplicas * kShard), double(global) / (n * double(kShard)));
   std::printf("  weighted  reducer, each replica x N*local/global       %.3e   exact up to float rounding\n",
               relative_error(weighted, full));
   std::printf(

@@ -75,8 +75,24 @@ void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algor
   }
 }
 
+int mpirun_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') continue;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end == '\0' && v >= 1 && v <= (1 << 20)) return static_cast<int>(v);
+  }
+  return -1;
+}
+
 void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& f) {
   const comm::Backend backend = backend_of(f);
+  if (const int launched = mpirun_world_size(); backend == comm::Backend::Threads && launched > 1) {
+    throw InvalidArgument("this is one of " + std::to_string(launched) +
+                          " processes started by mpirun, but without --backend mpi each would run alone, with "
+                          "replicas of its own; add --backend mpi.");
+  }
   if (backend == comm::Backend::Gloo) return;
   for (const char* flag : {"--rank", "--world-size", "--rendezvous", "--bind", "--job-id", "--secret-file",
                            "--rendezvous-timeout"}) {

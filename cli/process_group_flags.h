@@ -50,6 +50,10 @@ void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm a
 // (--rank, --rendezvous, --secret-file, ...) are refused, naming the flag.
 void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& flags);
 
+// The number of processes mpirun started this one among (Open MPI's
+// OMPI_COMM_WORLD_SIZE, or PMI_SIZE / PMIX_SIZE), or -1 outside mpirun.
+int mpirun_world_size();
+
 // The options the flags and the environment give. Writes a warning to
 // `warnings` when the job will be reachable from other machines without a
 // secret (a redis rendezvous and no --secret-file).

@@ -195,7 +195,8 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
     char text[256];
     std::snprintf(text, sizeof text,
                   "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
-                  "parameters each), and the machine has %.1f GB free; lower --replicas or --hidden.",
+                  "parameters each) on this host, and it has %.1f GB free; lower --replicas (or the processes per "
+                  "host) or --hidden.",
                   need / 1e9, replicas_here, params, available / 1e9);
     throw InvalidArgument(text);
   }
@@ -293,10 +294,43 @@ int run_train(TrainFlags& f) {
   return train_as_rank(f, data);
 }
 
+// Rank 0 writes a group's outputs. An output flag given to another rank
+// only would be ignored without a word: that rank says so (one broadcast of
+// which outputs rank 0 has, before training).
+void warn_outputs_rank0_lacks(const TrainFlags& f, comm::Communicator& group) {
+  const std::pair<const char*, const std::string*> outputs[] = {{"--save", &f.save_file},
+                                                                {"--report", &f.report_file},
+                                                                {"--trace", &f.trace_file},
+                                                                {"--timeline-svg", &f.svg_file},
+                                                                {"--profile", &f.profile_file}};
+  std::uint8_t mine = 0;
+  for (std::size_t i = 0; i < std::size(outputs); ++i)
+    if (!outputs[i].second->empty()) mine |= std::uint8_t(1u << i);
+  std::uint8_t rank0 = mine;
+  comm::broadcast(group, std::as_writable_bytes(std::span(&rank0, 1)), 0);
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    if ((mine & ~rank0) & (1u << i)) {
+      const std::string line = "lockstep: warning: rank " + std::to_string(group.rank()) + ": " + outputs[i].first +
+                               " is written by rank 0 alone, which was not given it, so nothing will be written; "
+                               "give " + outputs[i].first + " to rank 0.\n";
+      std::fwrite(line.data(), 1, line.size(), stderr);
+    }
+  }
+}
+
 int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
   f.group.timeout_s = f.timeout_s;
   std::ostringstream warnings;
-  const auto group = comm::connect(backend_of(f.group), process_group_options(f.group, warnings));
+  const auto options = process_group_options(f.group, warnings);
+  // Known before the rendezvous (flag or WORLD_SIZE; under mpirun, its own
+  // variable): a rank started alone would wait the whole rendezvous timeout.
+  int known_world = comm::with_environment(options).world_size;
+  if (backend_of(f.group) == comm::Backend::Mpi) known_world = mpirun_world_size();
+  if (f.replicas_option->count() > 0 && known_world > 0 && f.config.replicas != known_world) {
+    throw InvalidArgument("--replicas " + std::to_string(f.config.replicas) + " does not match the world size " +
+                          std::to_string(known_world) + " of the process group; leave --replicas out.");
+  }
+  const auto group = comm::connect(backend_of(f.group), options);
   if (group->rank() == 0) std::cerr << warnings.str() << std::flush;
   try {
     auto& c = f.config;
@@ -306,6 +340,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
     }
     c.replicas = group->size();
     if (group->rank() == 0) check_outputs(f);
+    warn_outputs_rank0_lacks(f, *group);
     return train_and_report(f, data, group.get());
   } catch (...) {
     rethrow_as_rank(*group);
@@ -315,7 +350,8 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
-  check_memory(c, data, group == nullptr ? c.replicas : 1);  // before the trainer builds a probe model
+  // Over processes, every rank on this host (LOCAL_WORLD_SIZE) needs its copy.
+  check_memory(c, data, group == nullptr ? c.replicas : train::local_world_size(group->size()));
   train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();

@@ -1,6 +1,7 @@
 #include "lockstep/train/report.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -87,9 +88,25 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   const std::string calls = c.deterministic       ? "one all-reduce"
                             : r.buckets.size() == 1 ? "one all-reduce, one bucket"
                                                     : std::to_string(r.buckets.size()) + " all-reduces, one per bucket";
-  s += "  communicated per step per replica: " + human_bytes(double(gradient_bytes_per_step(r))) +
-       " of gradients in " + calls + " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
-       ", independent of the micro-batch)\n";
+  // Per replica when they all send alike (the ring, shared memory: chunk
+  // rounding aside); the naive and halving-doubling all-reduces do not, so
+  // then rank 0's is not called everyone's.
+  double lo = 0, hi = 0, sum = 0;
+  for (std::size_t i = 0; i < r.traffic.size() && r.steps > 0; ++i) {
+    const double b = double(r.traffic[i].gradients) / double(r.steps);
+    lo = i == 0 ? b : std::min(lo, b), hi = i == 0 ? b : std::max(hi, b), sum += b;
+  }
+  const std::string formula = " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
+                              ", independent of the micro-batch)\n";
+  if (r.traffic.size() > 1 && hi > lo * 1.01 + 64) {
+    s += "  communicated per step: rank 0 " + human_bytes(double(gradient_bytes_per_step(r))) +
+         " of gradients, the replicas " + human_bytes(lo) + " to " + human_bytes(hi) + " (mean " +
+         human_bytes(sum / double(r.traffic.size())) + "), in " + calls + formula;
+  } else {
+    s += std::string("  communicated per step per replica") +
+         (r.traffic.size() == 1 && r.replicas > 1 ? " (rank 0's)" : "") + ": " +
+         human_bytes(double(gradient_bytes_per_step(r))) + " of gradients in " + calls + formula;
+  }
   const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   if (r.replicas > 1 && t0.gradients > 0) {
     if (t0.gradient_messages == 0) {  // in-process, also as the threads backend's --algorithm native

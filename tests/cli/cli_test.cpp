@@ -247,12 +247,24 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; pass --data the directory"},
       {"launch --nproc 2 train --steps 2", "goes after --"},
       {"train --replicas 1 --steps 1 --inject same-seed --data " + dir.string(), "needs 2 or more replicas"},
+      // Before the rendezvous: a rank started alone waited its whole timeout.
+      {"train --backend gloo --world-size 2 --rank 0 --replicas 3 --rendezvous-timeout 600 --rendezvous file:" +
+           (dir / "rdv").string() + " --data " + dir.string(),
+       "--replicas 3 does not match the world size 2"},
+      {"train --backend gloo --world-size 2 --rendezvous file:" + (dir / "rdv").string() + " --data " + dir.string(),
+       "no rank given; give each process its own --rank R"},
   };
   for (const auto& [args, message] : early) {
     const CliRun r = run(args);
     EXPECT_NE(r.code, 0) << args << ":\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ":\n" << r.output;
   }
+  // Under mpirun without --backend mpi, every process would train alone.
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  const CliRun alone = run("train --steps 1 --data " + dir.string());
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(alone.code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("started by mpirun, but without --backend mpi"), std::string::npos) << alone.output;
   const CliRun bench = run("bench allreduce --sizes 4K --algorithm native");
   EXPECT_EQ(bench.output.find("bytes"), std::string::npos) << "measured before refusing:\n" << bench.output;
   // More than the machine has: 1024 replicas x 3 copies x 16 M parameters is ~200 GB.
@@ -644,6 +656,13 @@ TEST(Cli, AccumulateIsInTheSummary) {
   EXPECT_NE(r.output.find("2 replicas x 4 x 3 accumulated micro-steps = effective batch 24"),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("communicated per step per replica: "), std::string::npos) << r.output;
+  // The naive all-reduce does not send alike: rank 0 sends (N-1) P, the
+  // others P. The summary gives both instead of calling rank 0's everyone's.
+  const CliRun naive = run("train --data " + dir.string() + " --replicas 3 --micro-batch 4 --steps 2 --algorithm naive");
+  ASSERT_EQ(naive.code, 0) << naive.output;
+  EXPECT_NE(naive.output.find("communicated per step: rank 0 "), std::string::npos) << naive.output;
+  EXPECT_NE(naive.output.find(" of gradients, the replicas "), std::string::npos) << naive.output;
 }
 
 TEST(Cli, DemoRaggedShowsWeightedIsExactAndPlainIsNot) {
@@ -659,6 +678,11 @@ TEST(Cli, DemoRaggedShowsWeightedIsExactAndPlainIsNot) {
     return std::stod(line.substr(line.rfind(' ', e) + 1));
   };
   EXPECT_GT(error_of("plain"), 1e-2);
+  // Against the true mean over 235 samples: 235/88 of its share for each of
+  // the 11 (it said 32/11, their weight relative to the other samples).
+  EXPECT_NE(r.output.find("each of the 11 samples weighs 235/88 = 2.67x its share, each other sample 235/256 = 0.92x"),
+            std::string::npos)
+      << r.output;
   EXPECT_LT(error_of("weighted"), 1e-5);
   EXPECT_LT(error_of("pad"), 1e-5);
 }

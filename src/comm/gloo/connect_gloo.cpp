@@ -48,9 +48,17 @@ std::string address_towards(const std::string& host, int port) {
 
 std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   const ProcessGroupOptions o = with_environment(given);
+  if (o.world_size == -1) {
+    throw InvalidArgument("gloo: no world size given; give --world-size N (or WORLD_SIZE), the number of processes "
+                          "in the job.");
+  }
   if (o.world_size < 1) {
     throw InvalidArgument("gloo: world size " + std::to_string(o.world_size) +
                           " (give --world-size N or WORLD_SIZE, N >= 1)");
+  }
+  if (o.rank == -1) {
+    throw InvalidArgument("gloo: no rank given; give each process its own --rank R (or RANK), 0 to " +
+                          std::to_string(o.world_size - 1) + ".");
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw InvalidArgument("gloo: rank " + std::to_string(o.rank) + " is not in [0, " +

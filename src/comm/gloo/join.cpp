@@ -67,6 +67,15 @@ Registration parse(const std::string& value) {
   return r;
 }
 
+// A claim by a process in this boot and pid namespace that no longer exists:
+// an earlier job's leftover (a rank killed during its rendezvous never
+// withdraws its claim). Claims from other hosts cannot be checked: false.
+bool claimed_by_exited_process(const Registration& r) {
+  const std::string here = pid_space();
+  return here != "?" && r.pid_space == here && r.pid > 0 && ::kill(static_cast<pid_t>(r.pid), 0) != 0 &&
+         errno == ESRCH;
+}
+
 [[noreturn]] void refuse(RendezvousStore& store, const std::string& msg) {
   publish_abort(store, kRefused + msg);
   throw InvalidArgument(msg);
@@ -112,8 +121,10 @@ void write_abort(RendezvousStore& store, const std::string& key, const std::stri
 // nothing is removed on a guess.
 bool any_claim(RendezvousStore& store, int world_size) noexcept {
   try {
-    for (int i = 0; i < world_size; ++i)
-      if (store.try_get("rank/" + std::to_string(i))) return true;
+    for (int i = 0; i < world_size; ++i) {
+      const auto v = store.try_get("rank/" + std::to_string(i));
+      if (v && !claimed_by_exited_process(parse(*v))) return true;  // an exited process's claim holds no one
+    }
     return false;
   } catch (...) {
     return true;
@@ -186,19 +197,18 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
       pid_space();
   const std::string rank_key = "rank/" + std::to_string(rank);
   store.set_if_absent(rank_key, mine);
-  const auto held = store.try_get(rank_key);
+  auto held = store.try_get(rank_key);
+  if (held && parse(*held).nonce != nonce && claimed_by_exited_process(parse(*held))) {
+    // An earlier job's rank here was killed during its rendezvous (Ctrl-C):
+    // its claim would refuse every later job with this id. Its process is
+    // gone, so this rank takes the claim over. (Waiting ranks do not count
+    // such a claim as joined, below.)
+    store.remove(rank_key);
+    store.set_if_absent(rank_key, mine);
+    held = store.try_get(rank_key);
+  }
   if (!held || parse(*held).nonce != nonce) {
     const Registration other = held ? parse(*held) : Registration{};
-    // A claim by a process in this boot and pid namespace that no longer
-    // exists: an earlier job's leftover.
-    const std::string here = pid_space();
-    const bool exited = here != "?" && other.pid_space == here && other.pid > 0 && ::kill(other.pid, 0) != 0 &&
-                        errno == ESRCH;
-    if (exited) {
-      refuse(store, where + ": " + me + " is still claimed by pid " + std::to_string(other.pid) + " on " +
-                        other.host + ", which has exited: an earlier job left it. Use a fresh rendezvous " +
-                        "directory or another job id");
-    }
     refuse(store, where + ": " + me + " was claimed twice (also by pid " + std::to_string(other.pid) +
                       " on " + other.host + "); every process needs its own rank. If that was an " +
                       "earlier job, use a fresh rendezvous directory or another job id");
@@ -206,14 +216,23 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
 
   // 2. Agree on the world size.
   store.set_if_absent("world_size", std::to_string(world_size) + " " + std::to_string(rank));
-  if (const auto ws = store.try_get("world_size")) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const auto ws = store.try_get("world_size");
+    if (!ws) break;
     std::istringstream s(*ws);
     int n = -1, by = -1;
     s >> n >> by;
-    if (n != world_size) {
-      refuse(store, where + ": " + me + " was started with world size " + std::to_string(world_size) +
-                        " but rank " + std::to_string(by) + " with world size " + std::to_string(n));
+    if (n == world_size) break;
+    // Set by a rank whose claim is gone or an exited process's: an earlier
+    // job's, killed before its last rank could remove it. Set it anew once.
+    const auto by_claim = by >= 0 ? store.try_get("rank/" + std::to_string(by)) : std::nullopt;
+    if (attempt == 0 && by != rank && (!by_claim || claimed_by_exited_process(parse(*by_claim)))) {
+      store.remove("world_size");
+      store.set_if_absent("world_size", std::to_string(world_size) + " " + std::to_string(rank));
+      continue;
     }
+    refuse(store, where + ": " + me + " was started with world size " + std::to_string(world_size) + " but rank " +
+                      std::to_string(by) + " with world size " + std::to_string(n));
   }
 
   // 3. Wait for everyone.
@@ -229,6 +248,10 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
         continue;
       }
       const Registration other = parse(*v);
+      if (claimed_by_exited_process(other)) {  // an earlier job's: its rank has not joined this one
+        missing.push_back(i);
+        continue;
+      }
       if (other.world_size != world_size) {
         refuse(store, where + ": rank " + std::to_string(i) + " was started with world size " +
                           std::to_string(other.world_size) + " but " + me + " with world size " +
@@ -278,6 +301,10 @@ std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, 
   try {
     return join_claimed(store, rank, world_size, timeout, deadline, nonce);
   } catch (const std::exception& e) {
+    // A store that stopped answering gets no clean-up calls: each would wait
+    // the whole timeout again (four of them took 4x the timeout). The claim
+    // left behind is taken over by the next job's rank on this host (above).
+    if (store.unresponsive()) throw;
     // Peers waiting in the join stop at once, unless it ran out of time (so
     // do they) or a refusal already said why (first writer wins).
     if (dynamic_cast<const TimeoutError*>(&e) == nullptr) publish_abort(store, e.what());

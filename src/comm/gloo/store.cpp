@@ -119,6 +119,14 @@ void make_dirs(const std::string& dir) {
 // has neither, so a server that accepted the connection but never answered,
 // stopped or overloaded, blocked a rank forever.) After a timeout the
 // connection is dead and every later call fails at once.
+namespace {
+
+constexpr const char* kNoAnswer = "did not answer within";  // RedisClient's timeout message
+
+bool is_timeout(const IoError& e) { return std::string_view(e.what()).find(kNoAnswer) != std::string_view::npos; }
+
+}  // namespace
+
 class RedisClient {
  public:
   RedisClient(const std::string& host, int port, std::chrono::milliseconds timeout) : timeout_(timeout) {
@@ -172,7 +180,7 @@ class RedisClient {
     const std::string why = ctx_->errstr;
     if (ctx_->err == REDIS_ERR_IO && (why.find("temporarily unavailable") != std::string::npos ||
                                       why.find("timed out") != std::string::npos)) {
-      throw IoError("the Redis server did not answer within " + std::to_string(timeout_.count()) +
+      throw IoError(std::string("the Redis server ") + kNoAnswer + " " + std::to_string(timeout_.count()) +
                     " ms (stopped or overloaded?)");
     }
     throw IoError(why.empty() ? std::string("the Redis connection failed") : why);
@@ -230,9 +238,12 @@ bool RendezvousStore::set_if_absent(const std::string& k, const std::string& val
     }
   }
   try {
-    return redis().set_if_absent(key(k), value);
+    const bool set = redis().set_if_absent(key(k), value);
+    unresponsive_ = false;
+    return set;
   } catch (const IoError& e) {
     redis_client_.reset();  // dead after a timeout: the next call connects again
+    unresponsive_ = is_timeout(e);
     throw IoError("rendezvous " + address_ + ": cannot set " + key(k) + ": " + e.what());
   }
 }
@@ -247,9 +258,12 @@ std::optional<std::string> RendezvousStore::try_get(const std::string& k) {
     }
   }
   try {
-    return redis().get(key(k));
+    auto value = redis().get(key(k));
+    unresponsive_ = false;
+    return value;
   } catch (const IoError& e) {
     redis_client_.reset();  // dead after a timeout: the next call connects again
+    unresponsive_ = is_timeout(e);
     throw IoError("rendezvous " + address_ + ": cannot read " + key(k) + ": " + e.what());
   }
 }
@@ -258,7 +272,9 @@ void RendezvousStore::remove(const std::string& k) noexcept {
   std::lock_guard lock(mu_);
   try {
     redis_ ? redis().remove(key(k)) : static_cast<ProbingFileStore&>(*store_).remove(key(k));
-  } catch (...) {  // best effort: a key left behind only matters to a later job with the same id
+  } catch (const IoError& e) {  // best effort: a key left behind only matters to a later job with the same id
+    if (redis_) redis_client_.reset(), unresponsive_ = is_timeout(e);
+  } catch (...) {
     if (redis_) redis_client_.reset();
   }
 }

@@ -8,6 +8,7 @@
 // Thread-safety: all methods may be called from any thread (one mutex).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,12 @@ class RendezvousStore {
   // Deletes `key` (Gloo's stores have no delete: the file, or a redis DEL). Never throws.
   void remove(const std::string& key) noexcept;
 
+  // True after a call failed for want of an answer in io_timeout (a stopped
+  // or overloaded Redis server), until a call succeeds. Clean-up after a
+  // failure skips the store then: each call would wait the whole timeout
+  // again, on a connection made anew (a stopped server still accepts them).
+  bool unresponsive() const { return unresponsive_; }
+
   bool is_redis() const { return redis_; }
   // For a redis store: its host and port (to find the interface that routes to it).
   const std::string& host() const { return host_; }
@@ -70,6 +77,7 @@ class RendezvousStore {
   int port_ = 0;
   std::chrono::milliseconds io_timeout_;
   std::string session_;  // set by the owning thread before other threads use the store
+  std::atomic<bool> unresponsive_{false};
   std::mutex mu_;                                   // guards store_ and redis_client_ (one connection)
   std::unique_ptr<gloo::rendezvous::Store> store_;  // a FileStore, for file:DIR
   std::unique_ptr<RedisClient> redis_client_;        // for redis://
