@@ -183,6 +183,10 @@ class RedisClient {
       throw IoError(std::string("the Redis server ") + kNoAnswer + " " + std::to_string(timeout_.count()) +
                     " ms (stopped or overloaded?)");
     }
+    if (ctx_->err == REDIS_ERR_PROTOCOL) {  // e.g. an HTTP server answering with "<html>"
+      throw IoError("the server did not answer in the Redis protocol (" + why +
+                    "); is a Redis server listening at that address?");
+    }
     throw IoError(why.empty() ? std::string("the Redis connection failed") : why);
   }
   static std::string error_of(const redisReply* r) {
