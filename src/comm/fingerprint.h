@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
@@ -26,8 +27,13 @@ void run_collective(Communicator& comm, const Fingerprint& fp, Body&& body) {
     body();
   } catch (const CommAborted& e) {
     throw CommAborted(describe(fp) + ": " + e.what());
-  } catch (const TimeoutError&) {
-    throw;  // already names the rank, the peer and the call, and aborted the group
+  } catch (const TimeoutError& e) {
+    // It names the rank, the peer and the call's sequence number, and aborted
+    // the group; the operation is named here ("recv ... timed out (collective
+    // seq 103, round 0)" alone left the reader to guess which collective).
+    const std::string call = describe(fp);
+    if (std::string_view(e.what()).find(call) != std::string_view::npos) throw;  // named already
+    throw TimeoutError(call + ": " + e.what());
   } catch (const std::exception& e) {
     comm.abort("rank " + std::to_string(comm.rank()) + " failed in " + describe(fp) + ": " + e.what());
     throw;

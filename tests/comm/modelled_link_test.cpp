@@ -322,6 +322,28 @@ TEST(ModelledLinkFailure, TimeoutShorterThanTheModelledDelay) {
   EXPECT_NE(message_of(errors[0]).find("timed out"), std::string::npos) << message_of(errors[0]);
 }
 
+// Inside a collective, a receive that times out names the collective too
+// ("recv ... timed out (collective seq 0, round 0)" alone did not say which).
+TEST(ModelledLinkFailure, ATimeoutInsideACollectiveNamesTheCollective) {
+  auto comms = linked_group(2, {.latency = 10s}, 100ms);
+  auto errors = run_group(
+      comms,
+      [&](Communicator& comm) {
+        std::vector<float> v(1024, 1.0f);
+        allreduce(comm, v, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+      },
+      5s);
+  bool named = false;
+  for (const auto& e : errors) {
+    ASSERT_TRUE(e);
+    const std::string what = message_of(e);
+    if (what.find("timed out after 100 ms") == std::string::npos) continue;
+    EXPECT_NE(what.find("allreduce(sum, float32, 1024 elements, seq 0, ring)"), std::string::npos) << what;
+    named = true;
+  }
+  EXPECT_TRUE(named) << "no rank timed out";
+}
+
 // Note [A dropped transfer aborts the modelled group]: a receive dropped
 // before its message came used to shift the channel's numbering, and the next
 // receive failed an internal check ("a completed receive has no modelled
