@@ -132,10 +132,12 @@ struct Exec {
 };
 
 [[noreturn]] void child_after_fork(const Exec& exec, pid_t parent, pid_t group, int devnull, Pipe out,
-                                   Pipe err, const sigset_t& mask) {
+                                   Pipe err, const sigset_t& mask, bool ignore_hup) {
   // Async-signal-safe calls only from here on. Our handlers would write into
-  // the supervisor's self-pipe: default actions before any signal is let in.
-  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+  // the supervisor's self-pipe: default actions before any signal is let in
+  // (SIGHUP stays ignored under nohup, as the launcher's own is).
+  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
+  signal(SIGHUP, ignore_hup ? SIG_IGN : SIG_DFL);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);  // parent already gone
   setpgid(0, group);
   if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out.write, STDOUT_FILENO) < 0 ||
@@ -169,7 +171,18 @@ class SignalScope {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &previous_[i]);
+    // Under nohup SIGHUP is ignored: it stays so, for the launcher and its
+    // ranks, and the job outlives the terminal as the user asked.
+    struct sigaction hup {};
+    sigaction(SIGHUP, nullptr, &hup);
+    hup_ignored_ = hup.sa_handler == SIG_IGN;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) {
+      if (kSignals[i] == SIGHUP && hup_ignored_) {
+        previous_[i] = hup;
+        continue;
+      }
+      sigaction(kSignals[i], &sa, &previous_[i]);
+    }
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &ignore, &previous_pipe_);
@@ -184,11 +197,13 @@ class SignalScope {
   SignalScope(const SignalScope&) = delete;
   SignalScope& operator=(const SignalScope&) = delete;
   int fd() const { return read_; }
+  bool hup_ignored() const { return hup_ignored_; }
 
  private:
   static constexpr std::array<int, 4> kSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP};
   int read_ = -1;
-  std::array<struct sigaction, 3> previous_{};
+  bool hup_ignored_ = false;
+  std::array<struct sigaction, kSignals.size()> previous_{};
   struct sigaction previous_pipe_ {};
 };
 
@@ -260,7 +275,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       const pid_t parent = getpid();
       sigprocmask(SIG_SETMASK, &all, &mask);  // no handler may run in the child before exec
       const pid_t pid = fork();
-      if (pid == 0) child_after_fork(exec, parent, group, devnull, out, err, mask);
+      if (pid == 0) child_after_fork(exec, parent, group, devnull, out, err, mask, signals.hup_ignored());
       const int fork_errno = errno;
       sigprocmask(SIG_SETMASK, &mask, nullptr);
       close(out.write);

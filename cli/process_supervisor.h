@@ -1,6 +1,6 @@
 // Runs a few child processes as one job (`lockstep launch`): relays their
-// output line by line under a label, forwards SIGINT/SIGTERM to them, and
-// when one fails stops the rest.
+// output line by line under a label, forwards SIGINT/SIGTERM/SIGHUP to them,
+// and when one fails stops the rest.
 //
 // Contract:
 // - Each child's stdout and stderr go to this process's stdout and stderr,
@@ -11,18 +11,22 @@
 //   Ctrl-C reaches only the supervisor, which forwards it. Each child gets
 //   PR_SET_PDEATHSIG(SIGKILL): if the supervisor dies, so do they.
 // - A child fails when it exits non-zero or is killed by a signal. On the
-//   first failure every other child gets SIGTERM, and SIGKILL `grace` later
-//   if it is still there. When that failure is only a consequence of another
-//   (`consequence_exit_code`), the SIGTERM waits `grace` first: the others are
-//   ending on their own, and the one that caused it gets to say why.
-//   SIGINT/SIGTERM to the supervisor are forwarded, SIGKILL follows after
-//   `grace`; a second SIGINT/SIGTERM sends SIGKILL at once.
+//   first failure every other child gets SIGTERM `own_failure_wait` later (at
+//   most `grace`; they may end on their own first, saying why), and SIGKILL
+//   `grace` after that if it is still there. When that failure is only a
+//   consequence of another (`consequence_exit_code`), the SIGTERM waits
+//   `grace`: the others are ending on their own, and the one that caused it
+//   gets to say why.
+//   SIGINT/SIGTERM/SIGHUP to the supervisor are forwarded, SIGKILL follows
+//   after `grace`; a second one sends SIGKILL at once. Under nohup (SIGHUP
+//   ignored) SIGHUP stays ignored, by the supervisor and the children.
 // - supervise() returns once every child has been reaped (no zombies, no
 //   orphans). Every wait inside is bounded (poll with a timeout).
 //
 // Must be called from the process's main thread (the death signal is tied to
-// the thread that forks). It installs handlers for SIGCHLD, SIGINT, SIGTERM
-// and ignores SIGPIPE while it runs, and restores them before returning.
+// the thread that forks). It installs handlers for SIGCHLD, SIGINT, SIGTERM,
+// SIGHUP (unless ignored) and ignores SIGPIPE while it runs, and restores them
+// before returning.
 // Throws IoError if a pipe or process cannot be created (after stopping the
 // children already started).
 #pragma once

@@ -23,6 +23,7 @@
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/report.h"
 #include "output_files.h"
+#include "lockstep/comm/collectives.h"
 #include "peak_flops.h"
 #include "process_group_flags.h"
 
@@ -202,6 +203,20 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
   }
 }
 
+// The ranks of a process group on this host: LOCAL_WORLD_SIZE (or mpirun's
+// OMPI_COMM_WORLD_LOCAL_SIZE) when set, else the ranks the group found on
+// this rank's node (its host name and address), else the whole group.
+int ranks_on_this_host(const comm::Communicator& group) {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    const char* env = std::getenv(name);
+    if (env != nullptr && *env != '\0') return train::local_world_size(group.size());
+  }
+  const std::vector<int> nodes = group.nodes();
+  if (nodes.size() != static_cast<std::size_t>(group.size())) return group.size();
+  const int mine = nodes[static_cast<std::size_t>(group.rank())];
+  return static_cast<int>(std::count(nodes.begin(), nodes.end(), mine));
+}
+
 // A rank's error names the rank, and reaches the other ranks at once (abort).
 [[noreturn]] void rethrow_as_rank(comm::Communicator& group) {
   const std::string rank = "rank " + std::to_string(group.rank());
@@ -324,8 +339,8 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
   const auto options = process_group_options(f.group, warnings);
   // Known before the rendezvous (flag or WORLD_SIZE; under mpirun, its own
   // variable): a rank started alone would wait the whole rendezvous timeout.
-  int known_world = comm::with_environment(options).world_size;
-  if (backend_of(f.group) == comm::Backend::Mpi) known_world = mpirun_world_size();
+  // (process_group_options has read WORLD_SIZE for gloo; MPI ignores it.)
+  const int known_world = backend_of(f.group) == comm::Backend::Mpi ? mpirun_world_size() : options.world_size;
   if (f.replicas_option->count() > 0 && known_world > 0 && f.config.replicas != known_world) {
     throw InvalidArgument("--replicas " + std::to_string(f.config.replicas) + " does not match the world size " +
                           std::to_string(known_world) + " of the process group; leave --replicas out.");
@@ -350,8 +365,8 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, comm::Communicator* group) {
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
-  // Over processes, every rank on this host (LOCAL_WORLD_SIZE) needs its copy.
-  check_memory(c, data, group == nullptr ? c.replicas : train::local_world_size(group->size()));
+  // Over processes, every rank on this host needs its copy.
+  check_memory(c, data, group == nullptr ? c.replicas : ranks_on_this_host(*group));
   train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
@@ -399,9 +414,15 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   if (result.mfu > 1) {
     char gflops[32];
     std::snprintf(gflops, sizeof gflops, "%.1f", c.peak_flops / 1e9);
-    warn(std::string("MFU over 1: training ran faster than the sgemm peak this run measured (") + gflops +
-         " GFLOP/s, the best of its measurements); the machine's speed varied during the run, so take MFU as "
-         "approximate.");
+    if (group != nullptr) {  // the peak is one host's times the hosts, counted from LOCAL_WORLD_SIZE
+      warn(std::string("MFU over 1: training ran faster than the peak taken as the job's (") + gflops +
+           " GFLOP/s: this host's sgemm peak times world size / LOCAL_WORLD_SIZE); set LOCAL_WORLD_SIZE to the "
+           "ranks per host, or take MFU as approximate.");
+    } else {
+      warn(std::string("MFU over 1: training ran faster than the sgemm peak this run measured (") + gflops +
+           " GFLOP/s, the best of its measurements); the machine's speed varied during the run, so take MFU as "
+           "approximate.");
+    }
   }
 
   std::cout << train::summary_text(c, result);

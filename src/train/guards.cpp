@@ -316,10 +316,10 @@ bool Guards::check(std::int64_t step, bool epoch_end, bool last_step, std::span<
     const char* why = root >= 0 ? ""
                       : tie     ? "; without a majority no replica can be trusted to repair the others"
                                 : "; no replica agrees with the majority on every tensor, so none can repair";
-    const char* remedy = c_.on_divergence == OnDivergence::Stop ? "rerun, or use --on-divergence repair"
-                         : tie ? "rerun (repair needs a majority: 3 or more replicas, and fewer than half of them "
-                                 "diverged)"
-                               : "rerun";
+    const char* remedy = tie ? "rerun (repair needs one value held by more replicas than any other, so 3 or more "
+                               "replicas)"
+                         : c_.on_divergence == OnDivergence::Stop ? "rerun, or use --on-divergence repair"
+                                                                  : "rerun";
     throw Error(what + why + ". Every replica must hold identical weights; " + remedy + ".");
   }
   before = comm_.stats().bytes_sent;

@@ -222,6 +222,27 @@ TEST(Supervisor, ForwardsSigintAndSighupToEveryChild) {
   }
 }
 
+// Under nohup (SIGHUP ignored) the job outlives the terminal: the children
+// inherit the ignored SIGHUP, and the supervisor leaves it ignored when it
+// returns. Without nohup, the default action is back after supervise().
+TEST(Supervisor, UnderNohupSighupStaysIgnored) {
+  struct sigaction before {};
+  sigaction(SIGHUP, nullptr, &before);
+  signal(SIGHUP, SIG_IGN);
+  const auto c = run({sh("rank 0", "kill -HUP $$; echo survived")});
+  struct sigaction after {};
+  sigaction(SIGHUP, nullptr, &after);
+  sigaction(SIGHUP, &before, nullptr);
+  EXPECT_TRUE(c.result.ok()) << c.err;
+  EXPECT_NE(c.out.find("[rank 0] survived"), std::string::npos) << c.out << c.err;
+  EXPECT_EQ(after.sa_handler, SIG_IGN);
+  signal(SIGHUP, SIG_DFL);
+  const auto d = run({sh("rank 0", "true")});
+  sigaction(SIGHUP, nullptr, &after);
+  sigaction(SIGHUP, &before, nullptr);
+  EXPECT_EQ(after.sa_handler, SIG_DFL) << "the supervisor's handler was left installed";
+}
+
 TEST(Supervisor, AProgramThatCannotStartIsAFailure) {
   const auto c = run({{"rank 0", {"/nonexistent/program"}, environment()}});
   ASSERT_TRUE(c.result.first_failure);

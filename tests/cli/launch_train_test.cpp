@@ -479,6 +479,14 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
   ::unsetenv("LOCKSTEP_RENDEZVOUS_TIMEOUT");
   EXPECT_NE(missing.wait(std::chrono::seconds(30)), 0) << "the 60 s default, not the 1 s given";
   EXPECT_NE(missing.err().find("rank 1 of 2 has not joined"), std::string::npos) << missing.err();
+  // Through launch itself: 1 ms is too short for the join and the connect
+  // (one deadline), and the ranks say so with the launcher's value.
+  auto fast = launch_args(2, train_args(data, {"--steps", "3"}));
+  fast.insert(fast.begin() + 3, {"--rendezvous-timeout", "0.001"});
+  CliRun quick(run_dir("quick"), fast);
+  EXPECT_NE(quick.wait(std::chrono::seconds(30)), 0);
+  EXPECT_NE(quick.err().find("timed out"), std::string::npos) << quick.err();
+  EXPECT_EQ(quick.err().find("60000 ms"), std::string::npos) << quick.err();
 }
 
 // Only commands that join the group are one job; anything else would run N

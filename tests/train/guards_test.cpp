@@ -166,6 +166,7 @@ TEST(Divergence, WithoutAMajorityNeitherReplicaIsBlamedOrRepairedFrom) {
     EXPECT_NE(what.find(" differs between rank 0 and rank 1, and no value is held by a majority"), std::string::npos)
         << what;
     EXPECT_EQ(what.find("on rank 1 differs"), std::string::npos) << what;
+    EXPECT_EQ(what.find("use --on-divergence repair"), std::string::npos) << "repair would refuse too:\n" << what;
     if (policy == OnDivergence::Repair) {
       EXPECT_NE(what.find("without a majority no replica can be trusted to repair the others"), std::string::npos)
           << what;

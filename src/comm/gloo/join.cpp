@@ -110,6 +110,7 @@ Abort decode_abort(const std::string& value) {
 }
 
 void write_abort(RendezvousStore& store, const std::string& key, const std::string& reason) noexcept {
+  if (store.unresponsive()) return;  // it would wait the whole timeout again; peers see broken connections
   const ScopedSigpipeBlock no_sigpipe;
   try {
     store.set_if_absent(key, std::to_string(wall_ms()) + " " + reason);
@@ -172,6 +173,10 @@ void throw_if_aborted(RendezvousStore& store, int rank) {
 }
 
 void leave(RendezvousStore& store, int rank, int world_size) noexcept {
+  // A store that stopped answering gets no clean-up calls (each would wait
+  // the whole timeout); the claim left is taken over by the next job's rank
+  // on this host (join_claimed).
+  if (store.unresponsive()) return;
   store.remove("rank/" + std::to_string(rank));
   store.remove("addr/" + std::to_string(rank));
   sweep_if_last(store, world_size);
@@ -203,6 +208,9 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
     // its claim would refuse every later job with this id. Its process is
     // gone, so this rank takes the claim over. (Waiting ranks do not count
     // such a claim as joined, below.)
+    // Its addresses too, if it got that far: peers read them only once
+    // every claim is there, so none reads them before this one is ours.
+    store.remove("addr/" + std::to_string(rank));
     store.remove(rank_key);
     store.set_if_absent(rank_key, mine);
     held = store.try_get(rank_key);
@@ -215,20 +223,26 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
   }
 
   // 2. Agree on the world size.
-  store.set_if_absent("world_size", std::to_string(world_size) + " " + std::to_string(rank));
+  // "N R NONCE": the size, and the rank and claim that set it.
+  const std::string world_value = std::to_string(world_size) + " " + std::to_string(rank) + " " + nonce;
+  store.set_if_absent("world_size", world_value);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto ws = store.try_get("world_size");
     if (!ws) break;
     std::istringstream s(*ws);
     int n = -1, by = -1;
-    s >> n >> by;
+    std::string by_nonce;
+    s >> n >> by >> by_nonce;
     if (n == world_size) break;
-    // Set by a rank whose claim is gone or an exited process's: an earlier
-    // job's, killed before its last rank could remove it. Set it anew once.
+    // Set by a claim that is no longer there (its rank left, or was taken
+    // over from an exited process): an earlier job's, killed before its last
+    // rank could remove it. Set it anew, once. A live rank's value is never
+    // removed: its claim still holds the nonce.
     const auto by_claim = by >= 0 ? store.try_get("rank/" + std::to_string(by)) : std::nullopt;
-    if (attempt == 0 && by != rank && (!by_claim || claimed_by_exited_process(parse(*by_claim)))) {
+    const bool stale = !by_claim || parse(*by_claim).nonce != by_nonce || claimed_by_exited_process(parse(*by_claim));
+    if (attempt == 0 && stale) {
       store.remove("world_size");
-      store.set_if_absent("world_size", std::to_string(world_size) + " " + std::to_string(rank));
+      store.set_if_absent("world_size", world_value);
       continue;
     }
     refuse(store, where + ": " + me + " was started with world size " + std::to_string(world_size) + " but rank " +
@@ -268,6 +282,12 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
         const auto v = store.try_get("rank/" + std::to_string(i));
         if (!v || parse(*v).nonce != nonces[i]) joined[i] = false, missing.push_back(i);
       }
+    }
+    if (missing.empty() && nonces[rank] != nonce) {
+      // Another process took this rank after this one claimed it (two
+      // duplicates both taking over an exited process's claim).
+      refuse(store, where + ": " + me + " was claimed twice (also by another process since); every process " +
+                        "needs its own rank");
     }
     if (missing.empty()) {
       store.set_session(nonces[0]);  // every rank read the same claim of rank 0

@@ -1,13 +1,19 @@
 // Private: the join protocol of a Gloo process group, on the rendezvous store.
 //
-//   1. Rank r writes "rank/<r>" = "<nonce> <world size> <host> <pid>" unless
-//      the key exists, then reads it back: a value with another nonce means
-//      another process holds rank r -> InvalidArgument, at once.
-//   2. It writes "world_size" = "<N> <r>" unless it exists, and reads it back:
-//      another N -> InvalidArgument naming both ranks, at once.
+//   1. Rank r writes "rank/<r>" = "<nonce> <world size> <host> <pid> <pid
+//      space>" unless the key exists, then reads it back: a value with another
+//      nonce means another process holds rank r -> InvalidArgument, at once;
+//      unless that process was in this boot and pid namespace and has exited
+//      (a rank killed during an earlier join): then rank r takes the claim
+//      over, removing its "addr/<r>" too.
+//   2. It writes "world_size" = "<N> <r> <nonce>" unless it exists, and reads
+//      it back: another N -> InvalidArgument naming both ranks, at once;
+//      unless the claim that wrote it is gone (an earlier job's): then it is
+//      written anew, once.
 //   3. It polls until every "rank/<i>" is there (checking each one's world
-//      size as it appears) or the deadline passes -> TimeoutError listing the
-//      missing ranks by number.
+//      size as it appears; a claim of an exited process counts as missing)
+//      or the deadline passes -> TimeoutError listing the missing ranks by
+//      number. Its own claim must still be its own.
 // A rank refused in 1 or 2 (or failing in them for another reason but a
 // timeout) also writes "abort", so the ranks already waiting in 3 are refused
 // at once too instead of timing out. Once every rank has joined, the group's
@@ -20,10 +26,14 @@
 // never reads. An abort during the join or the connect ("abort") must still
 // stop the ranks of the same job that have not arrived yet, so it stays, but
 // only for kAbortFreshFor: a joiner that finds it older than that, with no
-// claim left, removes it and joins. A rank leaving the join by failure
-// withdraws its claim, and the last claimant to go removes "world_size". A
-// claim of a process that was killed stays, and is refused with the pid
-// that held it. Every abort value carries its writer's wall-clock time.
+// live claim left (claims of exited processes do not count), removes it and
+// joins. A rank leaving the join by failure withdraws its claim, and the last
+// claimant to go removes "world_size"; a store that stopped answering gets
+// no such clean-up (each call would wait the whole timeout again). A claim of
+// a process that was killed stays until the next job's rank of that number
+// on the same host takes it over (1); from another host its process cannot
+// be checked, and it is refused as claimed twice. Every abort value carries
+// its writer's wall-clock time.
 #pragma once
 
 #include <chrono>

@@ -182,7 +182,14 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   for (int i = 0; i < size; ++i) {
     if (i != rank) mine[i] = transportContext_->createPair(i)->address().bytes();
   }
-  store.set_if_absent("addr/" + std::to_string(rank), encode(mine));
+  if (!store.set_if_absent("addr/" + std::to_string(rank), encode(mine))) {
+    // Not ours: the join checked that this rank's claim is this process's,
+    // so another process published them (a duplicate of this rank).
+    const std::string msg = "rendezvous " + store.address() + ": " + me +
+                            "'s addresses were published by another process; every process needs its own rank";
+    publish_abort(store, msg);
+    throw InvalidArgument(msg);
+  }
 
   // Every peer's addresses, or the ranks that did not publish them in time.
   std::vector<std::vector<std::vector<char>>> theirs(size);
