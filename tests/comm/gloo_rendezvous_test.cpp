@@ -6,11 +6,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <poll.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "comm/gloo/join.h"
+#include "lockstep/error.h"
 #include "gloo_group.h"
 #include "redis_server.h"
 #include "temp_dir_test.h"
@@ -130,6 +135,118 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsTakenOverByTheNextJob) {
     ASSERT_EQ(exits.size(), 2u);
     for (const auto& e : exits) EXPECT_EQ(e.code, 0) << contains_msg(e);
   }
+}
+
+// A Redis server in miniature (SETNX, GET and DEL over RESP) that answers
+// its first `answered` commands and then goes silent, as a stopped server
+// does (the kernel still accepts connections), counting every command it
+// receives, answered or not.
+class StallingRedis {
+ public:
+  explicit StallingRedis(int answered) : answered_(answered) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(listener_, 16), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~StallingRedis() {
+    stop_ = true;
+    thread_.join();
+    for (const auto& [fd, buffer] : clients_) ::close(fd);
+    ::close(listener_);
+  }
+  std::string address() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  int received() const { return received_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+      for (const auto& [fd, buffer] : clients_) fds.push_back({fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) clients_[::accept(listener_, nullptr, nullptr)];
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+        char chunk[4096];
+        const ssize_t n = ::recv(fds[i].fd, chunk, sizeof chunk, 0);
+        if (n <= 0) continue;  // closed: kept (and polled) until the end, harmlessly
+        std::string& buffer = clients_[fds[i].fd];
+        buffer.append(chunk, static_cast<std::size_t>(n));
+        while (auto command = take_command(buffer)) {
+          ++received_;
+          if (received_ > answered_) continue;  // silent from here on
+          const std::string reply = execute(*command);
+          [[maybe_unused]] const auto sent = ::send(fds[i].fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+        }
+      }
+    }
+  }
+  // One whole "*N\r\n$len\r\narg\r\n..." command off the front of `b`, if there is one.
+  static std::optional<std::vector<std::string>> take_command(std::string& b) {
+    std::size_t pos = 0;
+    const auto line = [&]() -> std::optional<std::string> {
+      const std::size_t end = b.find("\r\n", pos);
+      if (end == std::string::npos) return std::nullopt;
+      std::string l = b.substr(pos, end - pos);
+      pos = end + 2;
+      return l;
+    };
+    const auto head = line();
+    if (!head || head->empty() || (*head)[0] != '*') return std::nullopt;
+    std::vector<std::string> args;
+    for (int k = std::stoi(head->substr(1)); k > 0; --k) {
+      const auto len = line();
+      if (!len) return std::nullopt;
+      const std::size_t size = std::stoul(len->substr(1));
+      if (b.size() < pos + size + 2) return std::nullopt;
+      args.push_back(b.substr(pos, size));
+      pos += size + 2;
+    }
+    b.erase(0, pos);
+    return args;
+  }
+  std::string execute(const std::vector<std::string>& c) {
+    if (c.size() == 3 && c[0] == "SETNX") return kv_.emplace(c[1], c[2]).second ? ":1\r\n" : ":0\r\n";
+    if (c.size() == 2 && c[0] == "GET") {
+      const auto it = kv_.find(c[1]);
+      return it == kv_.end() ? "$-1\r\n" : "$" + std::to_string(it->second.size()) + "\r\n" + it->second + "\r\n";
+    }
+    if (c.size() == 2 && c[0] == "DEL") return kv_.erase(c[1]) ? ":1\r\n" : ":0\r\n";
+    return "-ERR unknown\r\n";
+  }
+
+  int answered_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<int> received_{0};
+  std::atomic<bool> stop_{false};
+  std::map<int, std::string> clients_;  // fd -> bytes not yet parsed
+  std::map<std::string, std::string> kv_;
+  std::thread thread_;
+};
+
+// A Redis server that stops answering while a rank waits in the join: the
+// rank fails after the one call that timed out, and makes no clean-up calls
+// (publish the abort, withdraw the claim, sweep), each of which waited the
+// whole timeout again on a new connection: 4x the timeout in all. Counted
+// by the server, not timed.
+TEST_F(GlooRendezvous, AStoreThatStopsAnsweringGetsNoCleanUpCalls) {
+  constexpr int kAnswered = 12;  // the join's first calls, into its wait for rank 1
+  StallingRedis server(kAnswered);
+  comm::gloo_backend::RendezvousStore store(server.address(), "job", std::chrono::milliseconds(200));
+  EXPECT_THROW(comm::gloo_backend::join(store, 0, 2, std::chrono::milliseconds(20000),
+                                        std::chrono::steady_clock::now() + 20s),
+               lockstep::IoError);
+  EXPECT_TRUE(store.unresponsive());
+  EXPECT_EQ(server.received(), kAnswered + 1) << "calls after the one that timed out";
+  comm::gloo_backend::leave_failed(store, 0, 2, "after the join");  // what connect_gloo does next
+  EXPECT_EQ(server.received(), kAnswered + 1);
 }
 
 // --bind: a name that does not resolve, one that resolves to an address that
