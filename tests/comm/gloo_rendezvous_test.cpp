@@ -143,16 +143,7 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsTakenOverByTheNextJob) {
 // receives, answered or not.
 class StallingRedis {
  public:
-  explicit StallingRedis(int answered) : answered_(answered) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(listener_, 16), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+  explicit StallingRedis(int answered) : answered_(answered), listener_(listen_on_loopback(port_)) {
     thread_ = std::thread([this] { serve(); });
   }
   ~StallingRedis() {
@@ -222,8 +213,8 @@ class StallingRedis {
   }
 
   int answered_;
-  int listener_ = -1;
   int port_ = 0;
+  int listener_ = -1;
   std::atomic<int> received_{0};
   std::atomic<bool> stop_{false};
   std::map<int, std::string> clients_;  // fd -> bytes not yet parsed

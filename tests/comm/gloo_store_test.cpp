@@ -89,15 +89,9 @@ TEST_F(GlooStore, RedisSetIfAbsentHasExactlyOneWinner) {
 // every store call fails within the store's timeout instead of blocking.
 // Wall-clock guard, not a timing threshold: a hang fails the test.
 TEST_F(GlooStore, ARedisServerThatNeverAnswersFailsEveryCallWithinTheTimeout) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string address = "redis://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  int port = 0;
+  const int fd = listen_on_loopback(port);
+  const std::string address = "redis://127.0.0.1:" + std::to_string(port);
   const auto t0 = std::chrono::steady_clock::now();
   RendezvousStore store(address, "job", std::chrono::milliseconds(300));
   try {
