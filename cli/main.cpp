@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "commands.h"
@@ -48,6 +49,17 @@ void print_error(const std::string& message) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
+// CLI11's own message for a parse error (or --help, --version), written in
+// one piece per stream like print_error's; returns its exit code.
+int exit_with(const CLI::App& app, const CLI::Error& e) {
+  std::ostringstream out, err;
+  const int code = app.exit(e, out, err);
+  std::fwrite(out.str().data(), 1, out.str().size(), stdout);
+  std::fflush(stdout);
+  std::fwrite(err.str().data(), 1, err.str().size(), stderr);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,11 +83,11 @@ int main(int argc, char** argv) {
     // CLI11 says "--replicas: At Most 1 required but received 2" for a flag given twice.
     const std::string what = e.what();
     const auto colon = what.find(": At Most 1 required");
-    if (colon == std::string::npos) return app.exit(e) == 0 ? 0 : 2;
+    if (colon == std::string::npos) return exit_with(app, e) == 0 ? 0 : 2;
     print_error(what.substr(0, colon) + " was given more than once; give it once.");
     return 2;
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
+    const int code = exit_with(app, e);
     const bool has_separator = std::any_of(argv, argv + argc, [](const char* a) { return std::strcmp(a, "--") == 0; });
     if (code != 0 && app.got_subcommand("launch") && !has_separator &&
         dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {

@@ -279,6 +279,10 @@ int run_train(TrainFlags& f) {
                                    : train::Overlap::Auto;
   if (!f.link_bandwidth.empty()) c.link.bytes_per_second = comm::parse_bandwidth(f.link_bandwidth);
   if (!f.link_latency.empty()) c.link.latency = comm::parse_latency(f.link_latency);
+  if (c.link.enabled() && backend_of(f.group) != comm::Backend::Threads) {  // before the rendezvous, not after
+    throw InvalidArgument("a modelled link (--link-bandwidth/--link-latency) is for the threads backend; a " +
+                          f.group.backend + " process group has real links. Leave them out.");
+  }
   c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty() || !f.profile_file.empty();
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
   c.on_divergence = train::on_divergence_from_string(f.on_divergence);

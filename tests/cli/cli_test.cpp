@@ -253,6 +253,9 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
        "--replicas 3 does not match the world size 2"},
       {"train --backend gloo --world-size 2 --rendezvous file:" + (dir / "rdv").string() + " --data " + dir.string(),
        "no rank given; give each process its own --rank R"},
+      {"train --backend gloo --world-size 2 --rank 0 --rendezvous-timeout 600 --link-bandwidth 1Gbit --rendezvous "
+       "file:" + (dir / "rdv").string() + " --data " + dir.string(),
+       "a modelled link (--link-bandwidth/--link-latency) is for the threads backend"},
   };
   for (const auto& [args, message] : early) {
     const CliRun r = run(args);
