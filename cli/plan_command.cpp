@@ -231,7 +231,7 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--compute-ms", f->compute_ms,
                   "One replica's compute per step (forward + backward + optimizer) at --micro-batch, in ms; "
                   "rescales the model's compute")
-      ->check(number_in(0.0, 1e12));
+      ->check(number_in(1e-6, 1e12));  // 1 ns at least: 1e-300 gave samples/s of 300 digits
   cmd->add_option("--device", f->device, "Device preset (default: cpu for the MLP, v100 for the CNNs)")
       ->check(CLI::IsMember({"cpu", "p100", "v100", "a100"}));
   cmd->add_option("--device-flops", f->device_flops, "Achieved FLOP/s of one device, e.g. 60G or 6.3T");

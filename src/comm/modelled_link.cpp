@@ -372,10 +372,20 @@ double parse_bandwidth(std::string_view text) {
     }
   }
   // A lone "b" is not accepted: bits or bytes would be a guess.
-  if (unit == "bit" || unit == "bits" || unit == "bit/s" || unit == "bits/s" || unit == "bps")
-    return value / 8;
-  if (unit == "B" || unit == "B/s") return value;
-  bad_bandwidth(text);
+  double bytes_per_second = 0;
+  if (unit == "bit" || unit == "bits" || unit == "bit/s" || unit == "bits/s" || unit == "bps") {
+    bytes_per_second = value / 8;
+  } else if (unit == "B" || unit == "B/s") {
+    bytes_per_second = value;
+  } else {
+    bad_bandwidth(text);
+  }
+  // 1e-300bit passed as "positive" and made every transfer time infinite.
+  if (!(bytes_per_second >= 0.125 && bytes_per_second <= 1e16)) {
+    throw InvalidArgument("bad link bandwidth '" + std::string(text) +
+                          "': expected a rate from 1 bit/s to 10 PB/s, such as 10Gbit or 2.5GB/s");
+  }
+  return bytes_per_second;
 }
 
 std::chrono::nanoseconds parse_latency(std::string_view text) {

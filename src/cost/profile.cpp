@@ -3,6 +3,7 @@
 #include "lockstep/cost/profile.h"
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -32,8 +33,32 @@ double number(const json& j, const char* key, const std::string& where, const st
   if (!std::isfinite(d) || d < 0) bad(source, where + "'s \"" + key + "\" must be zero or positive");
   // A petabyte of parameters, or 30 000 years in ms: past any real profile,
   // and where sums of such values stop being exact in a double.
-  if (d > 1e15) bad(source, where + "'s \"" + key + "\" is " + std::to_string(d) + ", past any real profile (1e15)");
+  if (d > 1e15) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g", d);  // not std::to_string's 300 digits
+    bad(source, where + "'s \"" + key + "\" is " + text + ", past any real profile (1e15)");
+  }
   return d;
+}
+
+// A whole number from 1 to `most` (3.5 samples, or 1e12, were cut or overflowed an int).
+std::int64_t whole(const json& o, const char* key, const std::string& where, const std::string& source,
+                   double most) {
+  const double d = number(o, key, where, source);
+  if (d < 1 || d > most || d != std::floor(d)) {
+    char text[64];
+    std::snprintf(text, sizeof text, "a whole number from 1 to %.0f", most);
+    bad(source, where + "'s \"" + key + "\" must be " + text);
+  }
+  return static_cast<std::int64_t>(d);
+}
+
+// A string field, or `fallback` when absent; another type is named, not thrown as json's type_error.
+std::string text_field(const json& o, const char* key, const std::string& fallback, const std::string& where,
+                       const std::string& source) {
+  if (!o.contains(key)) return fallback;
+  if (!o[key].is_string()) bad(source, where + "'s \"" + key + "\" must be a string");
+  return o[key].get<std::string>();
 }
 
 }  // namespace
@@ -61,18 +86,18 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     bad(source, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(source, "the top level is not a JSON object");
-  if (j.value("format", std::string()) != kFormat)
+  if (text_field(j, "format", "", "the profile", source) != kFormat)
     bad(source, std::string("\"format\" must be \"") + kFormat + "\"");
-  if (j.value("version", 0) != 1) bad(source, "only \"version\": 1 is understood");
+  if (!j.contains("version") || !j["version"].is_number() || j["version"].get<double>() != 1)
+    bad(source, "only \"version\": 1 is understood");
   Profile p;
-  p.model = j.value("model", std::string("profiled model"));
-  p.replicas = static_cast<int>(number(j, "replicas", "the profile", source));
-  p.micro_batch = static_cast<std::int64_t>(number(j, "micro_batch", "the profile", source));
-  if (p.replicas < 1 || p.micro_batch < 1) bad(source, "\"replicas\" and \"micro_batch\" must be at least 1");
+  p.model = text_field(j, "model", "profiled model", "the profile", source);
+  p.replicas = static_cast<int>(whole(j, "replicas", "the profile", source, 65536));  // as --replicas
+  p.micro_batch = whole(j, "micro_batch", "the profile", source, 1 << 24);            // as --micro-batch
   p.step_compute_ms = number(j, "step_compute_ms", "the profile", source);
   p.activation_bytes_per_sample = number(j, "activation_bytes_per_sample", "the profile", source, false);
   if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
@@ -82,7 +107,7 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
     const std::string where = "layer " + std::to_string(i);
     if (!l.is_object()) bad(source, where + " is not an object");
     LayerCost c;
-    c.name = l.value("name", std::to_string(i));
+    c.name = text_field(l, "name", std::to_string(i), where, source);
     c.param_bytes = number(l, "param_bytes", where, source);
     c.forward_ms = number(l, "forward_ms", where, source);
     c.backward_ms = number(l, "backward_ms", where, source);

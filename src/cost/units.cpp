@@ -55,7 +55,11 @@ double parse_count(std::string_view text, std::string_view flag, std::string_vie
   if (!ok || !std::isfinite(s.value) || s.value <= 0)
     throw InvalidArgument(std::string(flag) + " must be a positive number such as " + std::string(example) + "; got '" +
                           std::string(text) + "'.");
-  return s.value * scale;
+  const double count = s.value * scale;  // 1e300T is finite before the unit, not after
+  if (!(count >= 1 && count <= 1e24))
+    throw InvalidArgument(std::string(flag) + " must be from 1 to 1e24, such as " + std::string(example) + "; got '" +
+                          std::string(text) + "'.");
+  return count;
 }
 
 double parse_bytes(std::string_view text, std::string_view flag) {
@@ -75,7 +79,11 @@ double parse_bytes(std::string_view text, std::string_view flag) {
   if (!ok || !std::isfinite(s.value) || s.value <= 0)
     throw InvalidArgument(std::string(flag) + " must be a positive size such as 16GB or 512MiB; got '" +
                           std::string(text) + "'.");
-  return s.value * scale;
+  const double bytes = s.value * scale;
+  if (!(bytes >= 1 && bytes <= 1e21))
+    throw InvalidArgument(std::string(flag) + " must be from 1 byte to 1 ZB, such as 16GB or 512MiB; got '" +
+                          std::string(text) + "'.");
+  return bytes;
 }
 
 std::vector<int> parse_replicas(std::string_view text, std::string_view flag) {

@@ -65,7 +65,8 @@ TEST(ModelledLinkParse, BandwidthExactValues) {
 
 TEST(ModelledLinkParse, BandwidthRejectsBadText) {
   for (const char* bad : {"", "fast", "10", "0Gbit", "0B/s", "-1GB/s", "-10Gbit", "inf", "infGB/s", "nanGB/s",
-                          "10Xbit", "10Gb", "10GB/s/s", "GB/s", "1e999B/s", "+10Gbit"}) {
+                          "10Xbit", "10Gb", "10GB/s/s", "GB/s", "1e999B/s", "+10Gbit",
+                          "1e-300bit", "0.1bit", "1e300Tbit"}) {  // positive, but no rate: inf times
     try {
       parse_bandwidth(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";

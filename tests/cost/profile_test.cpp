@@ -84,6 +84,21 @@ TEST(Profile, BadProfilesNameTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(std::string(s).replace(s.find("4.0,"), 4, "1.0,")).find("step_compute_ms"),
             std::string::npos);
+  // Other types and numbers past a double or an int are named, not thrown as
+  // json's own type_error / out_of_range, nor cut (3.5 samples) or overflowed.
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    return error_of(std::string(s).replace(s.find(from), from.size(), to));
+  };
+  EXPECT_NE(replaced("\"version\": 1", "\"version\": \"1\"").find("\"version\": 1"), std::string::npos);
+  EXPECT_NE(replaced("\"model\": \"mlp 784-512-512-10\"", "\"model\": 5").find("\"model\" must be a string"),
+            std::string::npos);
+  EXPECT_NE(replaced("\"name\": \"1\"", "\"name\": 1").find("layer 0's \"name\" must be a string"),
+            std::string::npos);
+  EXPECT_NE(replaced("\"micro_batch\": 32", "\"micro_batch\": 3.5").find("a whole number"), std::string::npos);
+  EXPECT_NE(replaced("\"replicas\": 8", "\"replicas\": 1e12").find("\"replicas\" must be a whole number"),
+            std::string::npos);
+  EXPECT_NE(replaced("\"param_bytes\": 20520", "\"param_bytes\": 1e400").find("not valid JSON"), std::string::npos);
+  EXPECT_LT(replaced("\"param_bytes\": 20520", "\"param_bytes\": 1e300").size(), 200u) << "300 digits";
   const std::string no_layers =
       R"({"format": "lockstep-profile", "version": 1, "replicas": 1, "micro_batch": 1,
     "step_compute_ms": 1, "layers": []})";

@@ -14,7 +14,8 @@ TEST(Units, Counts) {
   EXPECT_DOUBLE_EQ(parse_count("4k", "--params"), 4000);
   EXPECT_DOUBLE_EQ(parse_count("6.3T", "--device-flops"), 6.3e12);
   EXPECT_DOUBLE_EQ(parse_count("7B", "--params"), 7e9);  // parameters are counted in billions
-  for (const char* bad : {"", "x", "-3", "0", "5Q", "5MM"}) {
+  // 1e300T is finite before its unit and not after; 1e-300 is positive and no count.
+  for (const char* bad : {"", "x", "-3", "0", "5Q", "5MM", "1e300T", "1e-300"}) {
     try {
       parse_count(bad, "--params");
       FAIL() << bad;
@@ -31,6 +32,8 @@ TEST(Units, Bytes) {
   EXPECT_DOUBLE_EQ(parse_bytes("80G", "--device-memory"), 80e9);
   EXPECT_THROW(parse_bytes("16 gallons", "--device-memory"), InvalidArgument);
   EXPECT_THROW(parse_bytes("-1GB", "--device-memory"), InvalidArgument);
+  EXPECT_THROW(parse_bytes("1e300GB", "--device-memory"), InvalidArgument);  // printed "inf GB"
+  EXPECT_THROW(parse_bytes("1e-300B", "--device-memory"), InvalidArgument);
 }
 
 TEST(Units, Replicas) {
