@@ -12,7 +12,11 @@
 //   2(N-1) alpha + 2P(N-1)/N beta + P(N-1)/N gamma
 // Halving-doubling (p = 2^floor(log2 N), e = N - p): fold e odd ranks into
 // their even neighbours (P), 2 log2 p rounds of P/2, P/4, ... then back,
-// unfold (P); a round at distance d >= G crosses nodes with all G replicas:
+// unfold (P). Each round's pairs are placed as the algorithm places them
+// (after the fold, virtual rank v is real rank 2v for v < e, else v + e); a
+// round costs its slowest message, a node's link carrying every message that
+// leaves the node in it. For N and G powers of two, a round at distance
+// d >= G crosses nodes with all G replicas:
 //   2 log2 p alpha + 2P(p-1)/p beta [+ 2 alpha + 2P beta when e > 0]
 // Tree (NCCL's pipelined double binary tree, chains inside nodes): every
 // replica receives and sends P in the reduce and P in the broadcast (half
@@ -27,6 +31,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lockstep/error.h"
 
@@ -43,14 +49,10 @@ struct Shape {
   int n, g, m;  // replicas, per node, nodes
 };
 
-// A message's link: alpha, and beta scaled by the replicas sharing it.
+// A message's link: alpha and beta.
 struct Hop {
   double alpha, beta;
 };
-Hop hop(const Shape& s, const Topology& t, bool crosses_nodes) {
-  if (crosses_nodes) return {t.inter.latency_s, beta(t.inter) * s.g};
-  return {t.intra.latency_s, beta(t.intra)};
-}
 
 CollectiveCost ring(double p, const Shape& s, const Topology& t, double gamma) {
   CollectiveCost c{.algorithm = Algorithm::Ring};
@@ -73,26 +75,54 @@ CollectiveCost halving_doubling(double p, const Shape& s, const Topology& t, dou
   int pow2 = 1;
   while (pow2 * 2 <= s.n) pow2 *= 2;
   const int extra = s.n - pow2;
-  auto add = [&](double bytes, bool crosses, double reduced) {
-    const Hop h = hop(s, t, crosses);
-    c.alpha_s += h.alpha;
-    c.beta_s += bytes * h.beta;
+  // As halving_doubling_allreduce.cpp numbers them: after the fold, virtual
+  // rank v runs on real rank 2v (v < e) or v + e.
+  const auto real_rank = [&](int v) { return v < extra ? 2 * v : v + extra; };
+  const auto node_of = [&](int real) { return real / s.g; };
+  // One round in which each `from` rank sends `bytes` to `to(from)`: it
+  // costs its slowest message, where a node's link carries every message
+  // that leaves the node in the round (the fold's renumbering makes rounds
+  // at one distance cross for some pairs and not others, and with G not a
+  // power of two, distances below G cross too).
+  std::vector<int> leaving(static_cast<std::size_t>(s.m));
+  auto add_round = [&](double bytes, const std::vector<std::pair<int, int>>& messages, double reduced) {
+    std::fill(leaving.begin(), leaving.end(), 0);
+    bool within = false;
+    for (const auto& [from, to] : messages) {
+      if (node_of(from) != node_of(to)) {
+        ++leaving[static_cast<std::size_t>(node_of(from))];
+      } else {
+        within = true;
+      }
+    }
+    const int most = *std::max_element(leaving.begin(), leaving.end());
+    double alpha = 0, time = 0;
+    if (most > 0) alpha = t.inter.latency_s, time = bytes * beta(t.inter) * most;
+    if (within) alpha = std::max(alpha, t.intra.latency_s), time = std::max(time, bytes * beta(t.intra));
+    c.alpha_s += alpha;
+    c.beta_s += time;
     c.gamma_s += reduced * gamma;
     c.bytes_sent += bytes;
     c.rounds += 1;
   };
-  // Fold and unfold: r-1 and r are neighbours, on one node when G >= 2.
-  if (extra > 0) add(p, s.g < 2, p);
+  std::vector<std::pair<int, int>> fold, exchange;
+  for (int i = 0; i < extra; ++i) fold.emplace_back(2 * i + 1, 2 * i);
+  const auto exchange_at = [&](int d) {
+    exchange.clear();
+    for (int v = 0; v < pow2; ++v) exchange.emplace_back(real_rank(v), real_rank(v ^ d));
+    return exchange;
+  };
+  if (extra > 0) add_round(p, fold, p);  // fold: odd r -> r-1
   double seg = p;
   for (int d = pow2 / 2; d >= 1; d /= 2) {  // reduce-scatter by halving
     seg /= 2;
-    add(seg, d >= s.g, seg);
+    add_round(seg, exchange_at(d), seg);
   }
   for (int d = 1; d < pow2; d *= 2) {  // all-gather by doubling
-    add(seg, d >= s.g, 0);
+    add_round(seg, exchange_at(d), 0);
     seg *= 2;
   }
-  if (extra > 0) add(p, s.g < 2, 0);
+  if (extra > 0) add_round(p, fold, 0);  // unfold: the same pairs, back
   return c;
 }
 

@@ -64,6 +64,30 @@ TEST(CollectiveCost, HierarchicalHandComputed) {
   EXPECT_EQ(c.rounds, 2 * 7 + 2 * 3);
 }
 
+// Halving-doubling placed as the algorithm places it. 3 replicas, 2 per
+// node: the fold (1 -> 0) stays in node 0, and then virtual ranks 0 and 1
+// are real ranks 0 and 2, on two nodes, so both exchanges of P/2 cross. The
+// model charged them as inside a node (distance 1 < G) and priced 400 MB
+// between two nodes at 10 Gbit/s in 102 ms.
+TEST(CollectiveCost, HalvingDoublingCrossesNodesWhereTheFoldPutsThePairs) {
+  const Topology t{.per_node = 2, .intra = {100e9, 5e-6}, .inter = {1.25e9, 50e-6}};
+  const double p = 400e6;
+  const CollectiveCost c = allreduce_cost(p, 3, t, Algorithm::HalvingDoubling);
+  EXPECT_NEAR(c.alpha_s, 2 * 5e-6 + 2 * 50e-6, 1e-15);
+  EXPECT_NEAR(c.beta_s, 2 * p / 100e9 + 2 * (p / 2) / 1.25e9, 1e-12);
+  // 8 replicas, 4 per node: distance 4 crosses with all 4 of a node's
+  // replicas on its link, distances 2 and 1 stay inside (the closed form).
+  const Topology four{.per_node = 4, .intra = {100e9, 5e-6}, .inter = {1.25e9, 50e-6}};
+  const CollectiveCost e = allreduce_cost(p, 8, four, Algorithm::HalvingDoubling);
+  EXPECT_NEAR(e.beta_s, 2 * (p / 2) * 4 / 1.25e9 + 2 * (p / 4 + p / 8) / 100e9, 1e-12);
+  // 6 per node is not a power of two: ranks 0..5 and 6..11 (12 replicas,
+  // p = 8, 4 folded): distance 1 pairs virtual 2 and 3, real 4 and 6, so it
+  // crosses too, which "d >= G" never counted.
+  const Topology six{.per_node = 6, .intra = {100e9, 5e-6}, .inter = {1.25e9, 50e-6}};
+  const CollectiveCost f = allreduce_cost(p, 12, six, Algorithm::HalvingDoubling);
+  EXPECT_GT(f.beta_s, 2 * (p / 16) / 1.25e9);
+}
+
 TEST(CollectiveCost, FlatRingAcrossNodesRunsAtTheNicsPace) {
   // 2 nodes x 4: every round one message per node crosses the slow link.
   const Topology t{.per_node = 4, .intra = {100e9, 1e-6}, .inter = {1e9, 10e-6}};
