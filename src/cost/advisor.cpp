@@ -53,6 +53,16 @@ std::string why_text(const Profile& profile, const PlanOptions& o, const PlanRow
           ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str()) +
              cycle_note;
     case Bound::Bandwidth:
+      if (s.gamma_ms > s.beta_ms) {  // the link is fast: adding the gradients up in memory is the cost
+        return strf(
+            "bandwidth-bound, on memory rather than the link: each replica sends %s of gradients a step (%s "
+            "all-reduce of %s), which takes %s, of which %s is adding them up through memory (gamma) and only "
+            "%s the link; more than the %s backward pass can hide; %s is exposed against %s of compute.",
+            bytes_text(s.bytes_sent).c_str(), to_string(s.algorithm), bytes_text(profile.param_bytes()).c_str(),
+            ms_text(s.comm_ms).c_str(), ms_text(s.gamma_ms).c_str(), ms_text(s.beta_ms).c_str(),
+            ms_text(window).c_str(), ms_text(s.exposed_comm_ms).c_str(), ms_text(s.compute_ms).c_str()) +
+               cycle_note;
+      }
       return strf(
           "bandwidth-bound: each replica sends %s of gradients a step (%s all-reduce of %s), which takes %s, "
           "more than the %s backward pass can hide; %s is exposed against %s of compute.",

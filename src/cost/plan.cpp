@@ -33,7 +33,8 @@ Bound classify(const PlanRow& r, const PlanOptions& o) {
   if (o.step.compute_cv > 0 && r.straggler_loss_ms > r.comm_loss_ms) return Bound::Stragglers;
   const double window = r.step.backward_ms / double(o.step.accumulate);  // the last micro-step's backward
   if (r.step.comm_ms <= window) return Bound::ExposedTail;
-  return r.step.alpha_ms >= r.step.beta_ms ? Bound::Latency : Bound::Bandwidth;
+  // Bandwidth: the wire's (beta) or memory's, the reduction's arithmetic (gamma).
+  return r.step.alpha_ms >= r.step.beta_ms + r.step.gamma_ms ? Bound::Latency : Bound::Bandwidth;
 }
 
 }  // namespace

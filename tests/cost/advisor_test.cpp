@@ -61,6 +61,23 @@ TEST(Advisor, BandwidthBoundLargeModel) {
   EXPECT_TRUE(has_bf16);
 }
 
+// A fast link and slow memory: adding the gradients up (gamma) takes more
+// than the wire (beta). Still bandwidth, but the reason says which one; it
+// called 52 ms of memory arithmetic "each replica sends 700 MB ... which
+// takes 54 ms" as if the link were the cost.
+TEST(Advisor, BandwidthBoundOnMemoryIsSaidSo) {
+  auto o = options({1, 8}, {400e9, 1e-6});
+  o.step.reduce_bytes_per_s = 5e9;  // what plan sets from the device: memory bandwidth / 3
+  const Plan plan = make_plan(uniform(400e6, 50), o);
+  ASSERT_EQ(plan.rows.back().bound, Bound::Bandwidth);
+  EXPECT_GT(plan.rows.back().step.gamma_ms, plan.rows.back().step.beta_ms);
+  EXPECT_NE(plan.recommendation.why_text.find("on memory rather than the link"), std::string::npos)
+      << plan.recommendation.why_text;
+  // On a slow link the wire is the cost, and the reason says only that.
+  const Plan wire = make_plan(uniform(1e9, 100), options({1, 2, 4, 8}, {1e9, 1e-6}));
+  EXPECT_EQ(wire.recommendation.why_text.find("on memory"), std::string::npos) << wire.recommendation.why_text;
+}
+
 TEST(Advisor, ModelTooLargeForDeviceMemory) {
   // 1e9 parameters with AdamW: 4 + 4 + 8 GB > 16 GB with activations.
   PlanOptions o = options({1, 8}, {12.5e9, 5e-6});
