@@ -87,8 +87,9 @@ PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
   r.comm_loss_ms = even - one;
   const double local_batch = double(o.step.micro_batch) * double(o.step.accumulate);
   r.systems_efficiency = one / r.step.step_ms;
+  const double reference = o.reference_batch > 0 ? o.reference_batch : local_batch;
   if (o.critical_batch > 0)
-    r.statistical_efficiency = (local_batch + o.critical_batch) / (replicas * local_batch + o.critical_batch);
+    r.statistical_efficiency = (reference + o.critical_batch) / (replicas * local_batch + o.critical_batch);
   r.efficiency = r.systems_efficiency * r.statistical_efficiency;
   r.samples_per_s = replicas * local_batch / (r.step.step_ms / 1e3);
   r.cost_per_million_samples = o.price_per_device_hour * replicas / 3600 / r.samples_per_s * 1e6;
@@ -206,8 +207,11 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
 
 }  // namespace detail
 
-Plan make_plan(const Profile& profile, const PlanOptions& options) {
-  check_options(options);
+Plan make_plan(const Profile& profile, const PlanOptions& given) {
+  check_options(given);
+  PlanOptions options = given;
+  if (options.reference_batch <= 0)
+    options.reference_batch = double(options.step.micro_batch) * double(options.step.accumulate);
   Plan plan{.model = profile.model, .profile = profile, .options = options};
   for (int n : options.replicas) plan.rows.push_back(plan_row(profile, options, n));
   plan.recommendation = detail::advise(profile, options, plan.rows);

@@ -235,6 +235,18 @@ TEST(Advisor, BatchPastTheCriticalBatch) {
   EXPECT_EQ(plan.recommendation.why, Bound::Statistical);
   ASSERT_FALSE(plan.recommendation.ranked.empty());
   EXPECT_EQ(plan.recommendation.ranked.front().name, "stop at 2 replicas");
+  // A remedy that grows the batch is worth the same per sample as the plan
+  // says: against one replica at the planned b = 32, not at its own batch.
+  // At 4 replicas, accumulating 4 makes the global batch 512: (32 + 256) /
+  // (512 + 256) = 0.375 (it was (128 + 256) / (512 + 256) = 0.5, and so
+  // looked a third cheaper than it is).
+  bool found = false;
+  for (const Alternative& a : plan.alternatives) {
+    if (a.name != "accumulate 4") continue;
+    found = true;
+    EXPECT_NEAR(a.efficiency, 288.0 / 768, 0.01) << "systems efficiency is ~1 on this link";
+  }
+  EXPECT_TRUE(found) << "no accumulate 4 alternative at " << plan.recommendation.first_failing;
 }
 
 TEST(Advisor, ExposedTailWhenTheFirstLayerIsReadyLast) {

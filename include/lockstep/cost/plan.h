@@ -22,6 +22,11 @@ struct PlanOptions {
   Optimizer optimizer = Optimizer::Momentum;
   double price_per_device_hour = 1.0;  // any currency
   double critical_batch = 0;           // McCandlish et al. 2018's B_crit; 0 = no statistical ceiling
+  // The one-replica batch a sample's statistical worth is measured against:
+  // (reference + B_crit) / (N b k + B_crit). 0: this plan's own b x k.
+  // make_plan sets it, so that remedies that change b or k (planned from
+  // copies of these options) are priced against the same baseline.
+  double reference_batch = 0;
   double min_efficiency = 0.8;         // systems x statistical
   double max_cost_increase = 0.25;     // cost per useful sample may rise this much over one replica
 };
