@@ -124,6 +124,27 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--bucket-mb 0",
                                  "one all-reduce per step: its latency once, no overlap"));
   }
+  // Another algorithm: with a fixed one (--algorithm ring, ...), the
+  // cheapest per bucket (fewer rounds pay latency fewer times: halving-
+  // doubling's 2 log2 N against the ring's 2(N-1); across nodes, the
+  // hierarchical all-reduce), and that with one bucket.
+  if (r.replicas > 1 && o.step.algorithm != Algorithm::Best && o.step.algorithm != Algorithm::Auto) {
+    PlanOptions a = o;
+    a.step.algorithm = Algorithm::Best;
+    const PlanRow row = plan_row(profile, a, r.replicas);
+    if (row.step.algorithm != r.step.algorithm) {
+      out.push_back(as_alternative(row, "--algorithm best",
+                                   std::string("the cheapest all-reduce for each bucket (") +
+                                       to_string(row.step.algorithm) + " here) instead of " +
+                                       to_string(o.step.algorithm)));
+      if (r.bound == Bound::Latency && o.step.launch == StepOptions::Launch::Buckets && o.step.bucket_mb > 0 &&
+          r.step.buckets.size() > 1) {
+        a.step.bucket_mb = 0;
+        out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--algorithm best --bucket-mb 0",
+                                     "one all-reduce per step, of the cheapest algorithm: its latency once"));
+      }
+    }
+  }
   if (o.step.launch == StepOptions::Launch::Cycles && o.step.cycle_ms > 1) {
     PlanOptions a = o;
     a.step.cycle_ms = 1;

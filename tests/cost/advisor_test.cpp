@@ -45,6 +45,26 @@ TEST(Advisor, LatencyBoundSmallModel) {
   EXPECT_TRUE(accumulate_ahead);
 }
 
+// Latency-bound with a fixed algorithm (--algorithm ring): the remedies
+// include the cheapest algorithm per bucket, and it with one bucket. At 64
+// replicas and 2 ms a message, halving-doubling's 12 rounds against the
+// ring's 126; the advisor never suggested it.
+TEST(Advisor, LatencyBoundSuggestsAnotherAlgorithm) {
+  const Plan plan = make_plan(uniform(20e6, 5), options({1, 64}, {12.5e9, 2e-3}));
+  ASSERT_EQ(plan.rows.back().bound, Bound::Latency);
+  bool best = false, best_one_bucket = false;
+  double ring_cost = 0, best_cost = 0;
+  for (const Alternative& a : plan.recommendation.ranked) {
+    best |= a.name == "--algorithm best";
+    best_one_bucket |= a.name == "--algorithm best --bucket-mb 0";
+    if (a.name == "--algorithm best") best_cost = a.cost_per_million_useful_samples;
+  }
+  ring_cost = plan.rows.back().cost_per_million_useful_samples;
+  EXPECT_TRUE(best);
+  EXPECT_TRUE(best_one_bucket);
+  EXPECT_LT(best_cost, ring_cost);
+}
+
 TEST(Advisor, BandwidthBoundLargeModel) {
   // 1 GB of gradients, 100 ms of compute, 1 GB/s: ~2 s of all-reduce.
   const Plan plan = make_plan(uniform(1e9, 100), options({1, 2, 4, 8}, {1e9, 1e-6}));
