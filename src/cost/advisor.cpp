@@ -336,10 +336,10 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
     instead = best->outline
                   ? strf(" Instead: %s (%s).", best->name.c_str(), best->detail.c_str())
                   : strf(
-                        " Cheapest per sample %s: %s (efficiency %.2f, %.3g per million samples, %s "
-                        "samples/s).",
-                        best->replicas == failing->replicas ? ("at " + replicas_text(failing->replicas)).c_str()
-                                                            : "instead",
+                        " First of the remedies, by cost per useful sample%s: %s (efficiency %.2f, %.3g per "
+                        "million samples, %s samples/s).",
+                        best->replicas == failing->replicas ? (" at " + replicas_text(failing->replicas)).c_str()
+                                                            : "",
                         best->name.c_str(), best->efficiency,
                         best->cost_per_million_useful_samples, rate_text(best->samples_per_s).c_str());
     if (!best->fits) {  // then none is the cheapest of anything: say what the least need is
@@ -379,7 +379,7 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
   if (rec.max_replicas == 1) {
     rec.summary =
         strf(
-            "One replica is the cheapest way to run this (%.3g per million samples). At %d replicas the "
+            "Only one replica pays as planned (%.3g per million samples). At %d replicas the "
             "efficiency %s: %s",
             ok.cost_per_million_useful_samples, failing->replicas, falls.c_str(), rec.why_text.c_str()) +
         instead;

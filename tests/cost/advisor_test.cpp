@@ -144,7 +144,7 @@ TEST(Advisor, ActivationsThatOverflowTheDeviceAskForSmallerMicroBatches) {
   const Alternative& best = plan.recommendation.ranked.front();
   EXPECT_EQ(best.name, "--micro-batch 16 --accumulate 2");  // 120 + 160 MB: the largest that fits
   EXPECT_TRUE(best.fits);
-  EXPECT_NE(plan.recommendation.summary.find("Cheapest per sample at 1 replica: --micro-batch 16 --accumulate 2"),
+  EXPECT_NE(plan.recommendation.summary.find("First of the remedies, by cost per useful sample at 1 replica: --micro-batch 16 --accumulate 2"),
             std::string::npos)
       << plan.recommendation.summary;
 
