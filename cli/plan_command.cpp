@@ -102,6 +102,9 @@ void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
                           "times (rescale them with --compute-ms).");
   if (given("--nodes") && f.nodes > 0 && given("--replicas"))
     throw InvalidArgument("--nodes M plans 1 and per-node x 1, 2, 4 ... M replicas; give it or --replicas, not both.");
+  if (std::int64_t(f.nodes) * f.per_node > 65536)  // the limit --replicas has
+    throw InvalidArgument("--nodes " + std::to_string(f.nodes) + " x --per-node " + std::to_string(f.per_node) +
+                          " is more than 65536 replicas, the most the plan takes; give fewer nodes.");
   if (given("--hidden") && (!f.profile_file.empty() || !f.params.empty()))
     throw InvalidArgument("--hidden shapes the built-in MLP, not a profile or --params; drop it.");
   if (given("--hidden") && f.model != "mlp")
