@@ -124,24 +124,25 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--bucket-mb 0",
                                  "one all-reduce per step: its latency once, no overlap"));
   }
-  // Another algorithm: with a fixed one (--algorithm ring, ...), the
-  // cheapest per bucket (fewer rounds pay latency fewer times: halving-
-  // doubling's 2 log2 N against the ring's 2(N-1); across nodes, the
-  // hierarchical all-reduce), and that with one bucket.
+  // Another algorithm: with a fixed one (--algorithm ring, ...), the one
+  // `best` picks for the step's largest bucket (fewer rounds pay latency
+  // fewer times: halving-doubling's 2 log2 N against the ring's 2(N-1);
+  // across nodes, the hierarchical all-reduce), named as lockstep train
+  // takes it, if it makes the step shorter; latency-bound, also with one
+  // bucket.
   if (r.replicas > 1 && o.step.algorithm != Algorithm::Best && o.step.algorithm != Algorithm::Auto) {
     PlanOptions a = o;
     a.step.algorithm = Algorithm::Best;
+    a.step.algorithm = plan_row(profile, a, r.replicas).step.algorithm;
     const PlanRow row = plan_row(profile, a, r.replicas);
-    if (row.step.algorithm != r.step.algorithm) {
-      out.push_back(as_alternative(row, "--algorithm best",
-                                   std::string("the cheapest all-reduce for each bucket (") +
-                                       to_string(row.step.algorithm) + " here) instead of " +
-                                       to_string(o.step.algorithm)));
+    if (a.step.algorithm != o.step.algorithm && row.step.step_ms < r.step.step_ms * (1 - 1e-9)) {
+      const std::string flag = std::string("--algorithm ") + to_string(a.step.algorithm);
+      out.push_back(as_alternative(row, flag, std::string("fewer rounds or bytes than ") + to_string(o.step.algorithm)));
       if (r.bound == Bound::Latency && o.step.launch == StepOptions::Launch::Buckets && o.step.bucket_mb > 0 &&
           r.step.buckets.size() > 1) {
         a.step.bucket_mb = 0;
-        out.push_back(as_alternative(plan_row(profile, a, r.replicas), "--algorithm best --bucket-mb 0",
-                                     "one all-reduce per step, of the cheapest algorithm: its latency once"));
+        out.push_back(as_alternative(plan_row(profile, a, r.replicas), flag + " --bucket-mb 0",
+                                     "one all-reduce per step, with it: its latency once"));
       }
     }
   }
@@ -271,7 +272,7 @@ std::string with_remedy_text(const Profile& profile, const PlanOptions& o, const
                     row.replicas, why_text(profile, a, row).c_str());
       const double floor = std::max(a.min_efficiency, 1 / (1 + a.max_cost_increase));
       if (max_ok == 1)
-        return strf(" With %s, one replica is still the cheapest. At %d replicas the efficiency falls to %.2f, under "
+        return strf(" With %s, only one replica still pays. At %d replicas the efficiency falls to %.2f, under "
                     "%.2f; %s",
                     remedy.name.c_str(), row.replicas, row.efficiency, floor, why_text(profile, a, row).c_str());
       const PlanRow ok = plan_row(profile, a, max_ok);
@@ -336,8 +337,8 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
     instead = best->outline
                   ? strf(" Instead: %s (%s).", best->name.c_str(), best->detail.c_str())
                   : strf(
-                        " First of the remedies, by cost per useful sample%s: %s (efficiency %.2f, %.3g per "
-                        "million samples, %s samples/s).",
+                        " First of the remedies (those that pay first, then by cost per useful sample)%s: %s "
+                        "(efficiency %.2f, %.3g per million samples, %s samples/s).",
                         best->replicas == failing->replicas ? (" at " + replicas_text(failing->replicas)).c_str()
                                                             : "",
                         best->name.c_str(), best->efficiency,

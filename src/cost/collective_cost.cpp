@@ -15,9 +15,11 @@
 // unfold (P). Each round's pairs are placed as the algorithm places them
 // (after the fold, virtual rank v is real rank 2v for v < e, else v + e); a
 // round costs its slowest message, a node's link carrying every message that
-// leaves the node in it. For N and G powers of two, a round at distance
-// d >= G crosses nodes with all G replicas:
-//   2 log2 p alpha + 2P(p-1)/p beta [+ 2 alpha + 2P beta when e > 0]
+// leaves the node in it. Without a fold (e = 0):
+//   2 log2 p alpha + 2P(p-1)/p beta, and with one, + 2 alpha + 2P beta;
+// for N and G powers of two, a round at distance d >= G crosses nodes with
+// all G replicas on the node's link, and the others stay inside. Where the
+// rounds cross depends on N and G only: halving_doubling_placement.
 // Tree (NCCL's pipelined double binary tree, chains inside nodes): every
 // replica receives and sends P in the reduce and P in the broadcast (half
 // the data on each tree), the pipeline is as deep as the tree:
@@ -70,32 +72,19 @@ CollectiveCost ring(double p, const Shape& s, const Topology& t, double gamma) {
   return c;
 }
 
-CollectiveCost halving_doubling(double p, const Shape& s, const Topology& t, double gamma) {
+CollectiveCost halving_doubling(double p, const Shape& s, const Topology& t, double gamma,
+                                const HalvingDoublingPlacement& where) {
   CollectiveCost c{.algorithm = Algorithm::HalvingDoubling};
   int pow2 = 1;
   while (pow2 * 2 <= s.n) pow2 *= 2;
-  const int extra = s.n - pow2;
-  // As halving_doubling_allreduce.cpp numbers them: after the fold, virtual
-  // rank v runs on real rank 2v (v < e) or v + e.
-  const auto real_rank = [&](int v) { return v < extra ? 2 * v : v + extra; };
-  const auto node_of = [&](int real) { return real / s.g; };
-  // One round in which each `from` rank sends `bytes` to `to(from)`: it
-  // costs its slowest message, where a node's link carries every message
-  // that leaves the node in the round (the fold's renumbering makes rounds
-  // at one distance cross for some pairs and not others, and with G not a
-  // power of two, distances below G cross too).
-  std::vector<int> leaving(static_cast<std::size_t>(s.m));
-  auto add_round = [&](double bytes, const std::vector<std::pair<int, int>>& messages, double reduced) {
-    std::fill(leaving.begin(), leaving.end(), 0);
-    bool within = false;
-    for (const auto& [from, to] : messages) {
-      if (node_of(from) != node_of(to)) {
-        ++leaving[static_cast<std::size_t>(node_of(from))];
-      } else {
-        within = true;
-      }
-    }
-    const int most = *std::max_element(leaving.begin(), leaving.end());
+  const bool fold = s.n > pow2;
+  // A round costs its slowest message; a node's link carries every message
+  // that leaves the node in it.
+  std::size_t round = 0;
+  auto add_round = [&](double bytes, double reduced) {
+    const int most = where.most_leaving[round];
+    const bool within = where.within[round] != 0;
+    ++round;
     double alpha = 0, time = 0;
     if (most > 0) alpha = t.inter.latency_s, time = bytes * beta(t.inter) * most;
     if (within) alpha = std::max(alpha, t.intra.latency_s), time = std::max(time, bytes * beta(t.intra));
@@ -105,24 +94,17 @@ CollectiveCost halving_doubling(double p, const Shape& s, const Topology& t, dou
     c.bytes_sent += bytes;
     c.rounds += 1;
   };
-  std::vector<std::pair<int, int>> fold, exchange;
-  for (int i = 0; i < extra; ++i) fold.emplace_back(2 * i + 1, 2 * i);
-  const auto exchange_at = [&](int d) {
-    exchange.clear();
-    for (int v = 0; v < pow2; ++v) exchange.emplace_back(real_rank(v), real_rank(v ^ d));
-    return exchange;
-  };
-  if (extra > 0) add_round(p, fold, p);  // fold: odd r -> r-1
+  if (fold) add_round(p, p);  // fold: odd r -> r-1
   double seg = p;
   for (int d = pow2 / 2; d >= 1; d /= 2) {  // reduce-scatter by halving
     seg /= 2;
-    add_round(seg, exchange_at(d), seg);
+    add_round(seg, seg);
   }
   for (int d = 1; d < pow2; d *= 2) {  // all-gather by doubling
-    add_round(seg, exchange_at(d), 0);
+    add_round(seg, 0);
     seg *= 2;
   }
-  if (extra > 0) add_round(p, fold, 0);  // unfold: the same pairs, back
+  if (fold) add_round(p, 0);  // unfold: the same pairs, back
   return c;
 }
 
@@ -193,8 +175,47 @@ Algorithm algorithm_from_string(std::string_view name) {
                         "'; choose best, auto, ring, halving_doubling, tree or hierarchical.");
 }
 
+HalvingDoublingPlacement halving_doubling_placement(int replicas, int per_node) {
+  HalvingDoublingPlacement out{.replicas = replicas, .per_node = per_node};
+  if (replicas < 2 || per_node < 1) return out;
+  int pow2 = 1;
+  while (pow2 * 2 <= replicas) pow2 *= 2;
+  const int extra = replicas - pow2;
+  const int nodes = (replicas + per_node - 1) / per_node;
+  // As halving_doubling_allreduce.cpp numbers them: after the fold, virtual
+  // rank v runs on real rank 2v (v < e) or v + e.
+  const auto real_rank = [&](int v) { return v < extra ? 2 * v : v + extra; };
+  std::vector<int> leaving(static_cast<std::size_t>(nodes));
+  const auto round = [&](auto&& each_message) {
+    std::fill(leaving.begin(), leaving.end(), 0);
+    bool within = false;
+    each_message([&](int from, int to) {
+      if (from / per_node != to / per_node) {
+        ++leaving[static_cast<std::size_t>(from / per_node)];
+      } else {
+        within = true;
+      }
+    });
+    out.most_leaving.push_back(*std::max_element(leaving.begin(), leaving.end()));
+    out.within.push_back(within ? 1 : 0);
+  };
+  const auto fold = [&](auto&& send) {
+    for (int i = 0; i < extra; ++i) send(2 * i + 1, 2 * i);
+  };
+  const auto exchange = [&](int d) {
+    return [&, d](auto&& send) {
+      for (int v = 0; v < pow2; ++v) send(real_rank(v), real_rank(v ^ d));
+    };
+  };
+  if (extra > 0) round(fold);
+  for (int d = pow2 / 2; d >= 1; d /= 2) round(exchange(d));
+  for (int d = 1; d < pow2; d *= 2) round(exchange(d));
+  if (extra > 0) round(fold);
+  return out;
+}
+
 CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topology, Algorithm algorithm,
-                              double reduce_bytes_per_s) {
+                              double reduce_bytes_per_s, const HalvingDoublingPlacement* placement) {
   if (replicas < 1)
     throw InvalidArgument("replicas must be at least 1, got " + std::to_string(replicas) + ".");
   if (!(bytes >= 0) || !std::isfinite(bytes))
@@ -219,11 +240,18 @@ CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topolo
     c.seconds = c.alpha_s + c.beta_s + c.gamma_s;
     return c;
   };
+  // Worked out here unless the caller has it (it depends on N and G only).
+  HalvingDoublingPlacement own;
+  const auto placed = [&]() -> const HalvingDoublingPlacement& {
+    if (placement != nullptr && placement->replicas == replicas && placement->per_node == per_node) return *placement;
+    if (own.replicas == 0) own = halving_doubling_placement(replicas, per_node);
+    return own;
+  };
   switch (algorithm) {
     case Algorithm::Ring:
       return total(ring(bytes, shape, topology, gamma));
     case Algorithm::HalvingDoubling:
-      return total(halving_doubling(bytes, shape, topology, gamma));
+      return total(halving_doubling(bytes, shape, topology, gamma, placed()));
     case Algorithm::Tree:
       return total(tree(bytes, shape, topology, gamma));
     case Algorithm::Hierarchical:
@@ -231,7 +259,7 @@ CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topolo
     case Algorithm::Auto: {
       // comm::Algorithm::Auto: across several nodes of equal size, the hierarchical all-reduce.
       const bool even_nodes = shape.m > 1 && shape.g > 1 && replicas % per_node == 0;
-      return total(bytes < kAutoSwitchBytes ? halving_doubling(bytes, shape, topology, gamma)
+      return total(bytes < kAutoSwitchBytes ? halving_doubling(bytes, shape, topology, gamma, placed())
                    : even_nodes             ? hierarchical(bytes, shape, topology, gamma)
                                             : ring(bytes, shape, topology, gamma));
     }
@@ -240,7 +268,7 @@ CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topolo
   }
   CollectiveCost best = total(ring(bytes, shape, topology, gamma));
   for (CollectiveCost c :
-       {halving_doubling(bytes, shape, topology, gamma), tree(bytes, shape, topology, gamma),
+       {halving_doubling(bytes, shape, topology, gamma, placed()), tree(bytes, shape, topology, gamma),
         hierarchical(bytes, shape, topology, gamma)}) {
     c = total(c);
     if (c.seconds < best.seconds * (1 - 1e-12)) best = c;

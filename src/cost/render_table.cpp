@@ -96,7 +96,7 @@ std::string plan_table(const Plan& plan) {
   const Recommendation& rec = plan.recommendation;
   t += "\nRecommendation:\n" + wrap(rec.summary, "  ");
   if (!rec.ranked.empty()) {
-    t += strf("  What to do instead at %d %s, cheapest per useful sample first:\n", rec.first_failing,
+    t += strf("  What to do instead at %d %s, those that pay first, then by cost per useful sample:\n", rec.first_failing,
               rec.first_failing == 1 ? "replica" : "replicas");
     int i = 0;
     for (const Alternative& a : rec.ranked) {

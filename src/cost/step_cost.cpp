@@ -184,8 +184,11 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   // The price of one all-reduce of `bytes` with the host's terms on top of
   // the link's: f x h per round, and the N replicas' reductions on C cores
   // (at least f x gamma). With Best, the cheapest once these are added.
+  // Where halving-doubling crosses nodes: once per step, not per bucket and algorithm (O(N log N)).
+  const HalvingDoublingPlacement placement =
+      halving_doubling_placement(o.replicas, std::min(o.topology.per_node, o.replicas));
   const auto on_this_host = [&](double bytes, Algorithm a) {
-    CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, a, o.reduce_bytes_per_s);
+    CollectiveCost c = allreduce_cost(bytes, o.replicas, o.topology, a, o.reduce_bytes_per_s, &placement);
     c.alpha_s += c.rounds * f * o.host_latency_s;
     c.seconds = c.alpha_s + c.beta_s + c.gamma_s;
     if (f > 1 && f * c.gamma_s > c.seconds) {

@@ -81,11 +81,18 @@ TEST(CollectiveCost, HalvingDoublingCrossesNodesWhereTheFoldPutsThePairs) {
   const CollectiveCost e = allreduce_cost(p, 8, four, Algorithm::HalvingDoubling);
   EXPECT_NEAR(e.beta_s, 2 * (p / 2) * 4 / 1.25e9 + 2 * (p / 4 + p / 8) / 100e9, 1e-12);
   // 6 per node is not a power of two: ranks 0..5 and 6..11 (12 replicas,
-  // p = 8, 4 folded): distance 1 pairs virtual 2 and 3, real 4 and 6, so it
-  // crosses too, which "d >= G" never counted.
+  // p = 8, 4 folded, all inside nodes). Virtual ranks 0..7 are real 0, 2, 4,
+  // 6, 8, 9, 10, 11. Distance 4: 3 of each node's 4 leave it; distance 2
+  // (2 <-> 6) and distance 1 (4 <-> 6): one each, which "d >= G" never
+  // counted.
   const Topology six{.per_node = 6, .intra = {100e9, 5e-6}, .inter = {1.25e9, 50e-6}};
   const CollectiveCost f = allreduce_cost(p, 12, six, Algorithm::HalvingDoubling);
-  EXPECT_GT(f.beta_s, 2 * (p / 16) / 1.25e9);
+  EXPECT_NEAR(f.beta_s, 2 * p / 100e9 + 2 * (3 * p / 2 + p / 4 + p / 8) / 1.25e9, 1e-12);
+  // The placement passed in gives the same, and one for another group is not used.
+  const auto placed = halving_doubling_placement(12, 6);
+  EXPECT_EQ(allreduce_cost(p, 12, six, Algorithm::HalvingDoubling, 0, &placed).beta_s, f.beta_s);
+  const auto other = halving_doubling_placement(16, 4);
+  EXPECT_EQ(allreduce_cost(p, 12, six, Algorithm::HalvingDoubling, 0, &other).beta_s, f.beta_s);
 }
 
 TEST(CollectiveCost, FlatRingAcrossNodesRunsAtTheNicsPace) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 namespace lockstep::cost {
 
@@ -48,10 +49,24 @@ struct CollectiveCost {
   int rounds = 0;         // messages in sequence on the critical path
 };
 
+// Where halving-doubling's rounds cross nodes, for `replicas` at `per_node`
+// (the rounds in order: fold, halving, doubling, unfold; the fold's only when
+// N is not a power of two): the most messages leaving one node, and whether
+// any message stays inside a node. It depends on N and G only, and takes
+// O(N log N) to work out, so a caller pricing many all-reduces of one group
+// (predict_step, per bucket) works it out once and passes it in.
+struct HalvingDoublingPlacement {
+  int replicas = 0, per_node = 0;
+  std::vector<int> most_leaving;
+  std::vector<char> within;
+};
+HalvingDoublingPlacement halving_doubling_placement(int replicas, int per_node);
+
 // One all-reduce of `bytes` over `replicas`. `reduce_bytes_per_s` is the rate
 // at which a replica adds received bytes into its own (0: free, no gamma).
-// replicas = 1 costs nothing.
+// replicas = 1 costs nothing. `placement`, if given, must be
+// halving_doubling_placement(replicas, min(topology.per_node, replicas)).
 CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topology, Algorithm algorithm,
-                              double reduce_bytes_per_s = 0);
+                              double reduce_bytes_per_s = 0, const HalvingDoublingPlacement* placement = nullptr);
 
 }  // namespace lockstep::cost
