@@ -49,6 +49,9 @@ struct Flags {
 };
 
 std::size_t parse_size(const std::string& s) {
+  // strtod reads "0x10" as hexadecimal (16 bytes): decimal only.
+  if (s.find_first_of("xXpP") != std::string::npos)
+    throw InvalidArgument("--sizes: cannot read '" + s + "'; use decimal bytes with a K, M, G or T suffix, e.g. 4K,1M,256M");
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   std::string unit(end);

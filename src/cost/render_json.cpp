@@ -83,6 +83,8 @@ std::string plan_json(const Plan& plan) {
                     {"cycle_ms", s.cycle_ms},
                     {"compress", s.bf16 ? "bf16" : "none"},
                     {"compute_cv", s.compute_cv},
+                    {"host_cores", s.host_cores},
+                    {"host_latency_us", s.host_latency_s * 1e6},
                     {"per_node", s.topology.per_node},
                     {"link_bytes_per_second", s.topology.inter.bytes_per_second},
                     {"link_latency_us", s.topology.inter.latency_s * 1e6},

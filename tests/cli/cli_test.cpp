@@ -245,6 +245,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"demo ragged --data " + dir.string(), "takes one global batch of 235 training samples"},
       {"bench train --data " + dir.string(), "global batches of up to 256 samples"},
       {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
+      {"bench allreduce --sizes 0x10", "use decimal bytes"},  // strtod read it as 16 bytes
       {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; pass --data the directory"},
       {"launch --nproc 2 train --steps 2", "goes after --"},
       {"train --replicas 1 --steps 1 --inject same-seed --data " + dir.string(), "needs 2 or more replicas"},
@@ -843,6 +844,10 @@ TEST(Cli, PlanModelsReplicasSharingCores) {
   EXPECT_DOUBLE_EQ(s[0]["compute_ms"].get<double>(), a[0]["compute_ms"].get<double>());
   EXPECT_NEAR(s[1]["compute_ms"].get<double>(), 4 * a[1]["compute_ms"].get<double>(), 1e-9);
   EXPECT_GT(s[1]["alpha_ms"].get<double>(), a[1]["alpha_ms"].get<double>());
+  // The JSON says what it was given (it left both out).
+  const auto inputs = nlohmann::json::parse(shared.output)["inputs"];
+  EXPECT_EQ(inputs["host_cores"], 2);
+  EXPECT_NEAR(inputs["host_latency_us"].get<double>(), 20, 1e-9);
   const CliRun bad = run("plan --host-latency 5");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("bad --host-latency '5'"), std::string::npos) << bad.output;
