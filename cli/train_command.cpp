@@ -341,22 +341,22 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
   f.group.timeout_s = f.timeout_s;
   std::ostringstream warnings;
   const auto options = process_group_options(f.group, warnings);
-  // Known before the rendezvous (flag or WORLD_SIZE; under mpirun, its own
-  // variable): a rank started alone would wait the whole rendezvous timeout.
-  // (process_group_options has read WORLD_SIZE for gloo; MPI ignores it.)
-  const int known_world = backend_of(f.group) == comm::Backend::Mpi ? mpirun_world_size() : options.world_size;
-  if (f.replicas_option->count() > 0 && known_world > 0 && f.config.replicas != known_world) {
-    throw InvalidArgument("--replicas " + std::to_string(f.config.replicas) + " does not match the world size " +
-                          std::to_string(known_world) + " of the process group; leave --replicas out.");
-  }
+  // --replicas against the world size, before the rendezvous where that is
+  // known (flag or WORLD_SIZE, which process_group_options has read for gloo;
+  // under mpirun, its own variable): a rank started alone would wait the
+  // whole rendezvous timeout.
+  const auto check_replicas = [&](int world) {
+    if (f.replicas_option->count() > 0 && world > 0 && f.config.replicas != world) {
+      throw InvalidArgument("--replicas " + std::to_string(f.config.replicas) + " does not match the world size " +
+                            std::to_string(world) + " of the process group; leave --replicas out.");
+    }
+  };
+  check_replicas(backend_of(f.group) == comm::Backend::Mpi ? mpirun_world_size() : options.world_size);
   const auto group = comm::connect(backend_of(f.group), options);
   if (group->rank() == 0) std::cerr << warnings.str() << std::flush;
   try {
     auto& c = f.config;
-    if (f.replicas_option->count() > 0 && c.replicas != group->size()) {
-      throw InvalidArgument("--replicas " + std::to_string(c.replicas) + " does not match the world size " +
-                            std::to_string(group->size()) + " of the process group; leave --replicas out.");
-    }
+    check_replicas(group->size());  // where it was not known before
     c.replicas = group->size();
     if (group->rank() == 0) check_outputs(f);
     warn_outputs_rank0_lacks(f, *group);
