@@ -250,7 +250,8 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   }
   // Those that fit and pay first, cheapest useful sample first; outlines last.
   auto rank = [&](const Alternative& a) {
-    return std::tuple(a.outline, !a.fits, a.efficiency < o.min_efficiency, a.cost_per_million_useful_samples,
+    return std::tuple(a.outline, !a.fits, a.efficiency < efficiency_floor(o) * (1 - 1e-12),
+                      a.cost_per_million_useful_samples,
                       -a.efficiency);  // at equal cost (a price of 0), the more efficient first
   };
   std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
@@ -270,7 +271,7 @@ std::string with_remedy_text(const Profile& profile, const PlanOptions& o, const
       if (max_ok == 0)
         return strf(" Even with %s, data parallelism does not pay at %d replicas: %s", remedy.name.c_str(),
                     row.replicas, why_text(profile, a, row).c_str());
-      const double floor = std::max(a.min_efficiency, 1 / (1 + a.max_cost_increase));
+      const double floor = efficiency_floor(a);
       if (max_ok == 1)
         return strf(" With %s, only one replica still pays. At %d replicas the efficiency falls to %.2f, under "
                     "%.2f; %s",
@@ -371,7 +372,7 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
   }
   // "falls to 0.72, under 0.80": the binding threshold (the efficiency
   // floor, or the cost increase as an efficiency), with digits enough to differ.
-  const double floor = std::max(o.min_efficiency, 1 / (1 + o.max_cost_increase));
+  const double floor = efficiency_floor(o);
   const bool close = strf("%.2f", failing->efficiency) == strf("%.2f", floor);
   const std::string falls = close ? strf("falls to %.4f, under %.4f", failing->efficiency, floor)
                                   : strf("falls to %.2f, under %.2f", failing->efficiency, floor);

@@ -106,10 +106,9 @@ PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
 
 namespace detail {
 
-bool pays(const PlanRow& r, const PlanOptions& o) {
-  return r.fits && r.efficiency >= o.min_efficiency * (1 - 1e-12) &&
-         r.efficiency >= 1 / (1 + o.max_cost_increase) * (1 - 1e-12);
-}
+double efficiency_floor(const PlanOptions& o) { return std::max(o.min_efficiency, 1 / (1 + o.max_cost_increase)); }
+
+bool pays(const PlanRow& r, const PlanOptions& o) { return r.fits && r.efficiency >= efficiency_floor(o) * (1 - 1e-12); }
 
 Alternative as_alternative(const PlanRow& r, std::string name, std::string detail) {
   return {.name = std::move(name),

@@ -16,7 +16,7 @@ json alternative_json(const Alternative& a) {
     j["step_ms"] = a.step_ms;
     j["efficiency"] = a.efficiency;
     j["samples_per_s"] = a.samples_per_s;
-    j["cost_per_million_samples"] = a.cost_per_million_useful_samples;
+    j["cost_per_million_useful_samples"] = a.cost_per_million_useful_samples;
     j["comm_bytes_per_step"] = a.comm_bytes_per_step;
   } else if (a.efficiency > 0) {
     j["efficiency"] = a.efficiency;

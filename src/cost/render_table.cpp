@@ -1,7 +1,10 @@
 // The plan as a table a person reads (lockstep/cost/render.h).
+#include <chrono>
+#include <cmath>
 #include <string>
 
 #include "format.h"
+#include "lockstep/comm/modelled_link.h"
 #include "lockstep/cost/render.h"
 
 namespace lockstep::cost {
@@ -11,9 +14,11 @@ using detail::bytes_text;
 using detail::rate_text;
 using detail::strf;
 
+// As lockstep train prints its modelled link: "10 Gbit/s, 50 us", "1 Gbit/s, 1 ms".
 std::string link_text(const Link& l) {
-  const double gbit = l.bytes_per_second * 8 / 1e9;
-  return strf("%.4g Gbit/s, %.3g us", gbit, l.latency_s * 1e6);
+  return comm::LinkModel{.bytes_per_second = l.bytes_per_second,
+                         .latency = std::chrono::nanoseconds(std::llround(l.latency_s * 1e9))}
+      .describe();
 }
 
 // Wraps at ~100 columns with a hanging indent.
@@ -40,9 +45,10 @@ std::string wrap(const std::string& text, const std::string& indent) {
 std::string plan_table(const Plan& plan) {
   const PlanOptions& o = plan.options;
   const StepOptions& s = o.step;
-  std::string t = strf("lockstep plan: %s, %s of gradients, %.3g ms compute per step at micro-batch %lld\n",
+  std::string t = strf("lockstep plan: %s, %s of gradients, %s compute per step at micro-batch %lld\n",
                        plan.model.c_str(), bytes_text(plan.profile.param_bytes()).c_str(),
-                       plan.rows.empty() ? 0.0 : plan.rows.front().step.compute_ms, (long long)s.micro_batch);
+                       detail::ms_text(plan.rows.empty() ? 0.0 : plan.rows.front().step.compute_ms).c_str(),
+                       (long long)s.micro_batch);
   const std::string flops = o.device.flops >= 1e12 ? strf("%.3g TFLOP/s", o.device.flops / 1e12)
                                                    : strf("%.3g GFLOP/s", o.device.flops / 1e9);
   t += strf("device %s (%s achieved, %s); ", o.device.name.c_str(), flops.c_str(),

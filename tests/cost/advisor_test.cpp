@@ -390,6 +390,35 @@ TEST(Advisor, SaysHowFarUnderTheThresholdWithDigitsEnoughToDiffer) {
   EXPECT_EQ(plan.recommendation.summary.find("under 1.00:"), std::string::npos) << plan.recommendation.summary;
 }
 
+// The remedies that pay come first, and "pay" is the binding threshold:
+// with --max-cost-increase 0.1 (an efficiency of 1/1.1) above
+// --min-efficiency 0.05, one at 0.85 does not pay, however cheap. The
+// ranking used to test --min-efficiency alone.
+TEST(Advisor, RemediesThatPayByTheCostThresholdComeFirst) {
+  PlanOptions o = options({1, 2, 64}, {100e9, 1e-3});
+  o.min_efficiency = 0.05;
+  o.max_cost_increase = 0.1;
+  Profile p = uniform(40e3, 1);
+  p.step_compute_ms = 3;  // 2 ms of optimizer per step: a bigger micro-batch is cheaper per sample
+  const Plan plan = make_plan(p, o);
+  const double floor = 1 / 1.1;
+  bool seen_failing = false;
+  double cheapest_failing = 1e300, dearest_paying = 0;
+  for (const Alternative& a : plan.recommendation.ranked) {
+    if (a.outline || !a.fits) continue;
+    if (a.efficiency >= floor) {
+      EXPECT_FALSE(seen_failing) << a.name << " pays (efficiency " << a.efficiency
+                                 << ") but is ranked after one that does not";
+      dearest_paying = std::max(dearest_paying, a.cost_per_million_useful_samples);
+    } else {
+      seen_failing = true;
+      cheapest_failing = std::min(cheapest_failing, a.cost_per_million_useful_samples);
+    }
+  }
+  // The case is one where cost alone would rank a remedy that does not pay first.
+  EXPECT_LT(cheapest_failing, dearest_paying);
+}
+
 TEST(Advisor, EverythingPaysOnAFastLink) {
   const Plan plan = make_plan(uniform(1e6, 100), options({1, 2, 4}, {100e9, 1e-6}));
   EXPECT_EQ(plan.recommendation.max_replicas, 4);

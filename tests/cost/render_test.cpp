@@ -61,6 +61,29 @@ TEST(Render, JsonHasTheDocumentedRows) {
   EXPECT_GE(j["alternatives"].size(), 6u);
 }
 
+// An alternative's cost is per useful sample, and is named so: with a
+// critical batch, "data parallel" at 8 replicas costs what row 8's useful
+// samples cost, not what its samples cost.
+TEST(Render, JsonAlternativesCostUsefulSamplesByThatName) {
+  PlanOptions o;
+  o.device = device_preset("cpu");
+  o.step.micro_batch = 32;
+  o.replicas = {1, 8};
+  o.critical_batch = 64;
+  const Profile p = profile_from_spec(mlp_model(784, {512, 512}, 10), o.device, 32, 5);
+  const Plan plan = make_plan(p, o);
+  const auto j = nlohmann::json::parse(plan_json(plan));
+  const nlohmann::json* dp = nullptr;
+  for (const auto& a : j["alternatives"])
+    if (a["name"] == "data parallel") dp = &a;
+  ASSERT_NE(dp, nullptr);
+  ASSERT_EQ((*dp)["replicas"], 8);
+  EXPECT_FALSE(dp->contains("cost_per_million_samples"));
+  EXPECT_DOUBLE_EQ((*dp)["cost_per_million_useful_samples"].get<double>(),
+                   plan.rows[1].cost_per_million_useful_samples);
+  EXPECT_GT(plan.rows[1].cost_per_million_useful_samples, plan.rows[1].cost_per_million_samples * 1.5);
+}
+
 TEST(Render, SvgIsWellFormed) {
   const std::string svg = plan_svg(default_plan());
   expect_well_formed_xml(svg);
@@ -76,6 +99,18 @@ TEST(Render, TableEndsWithARecommendation) {
   EXPECT_NE(t.find("replicas"), std::string::npos);
   EXPECT_NE(t.find("Recommendation:"), std::string::npos);
   EXPECT_NE(t.find("ZeRO-3"), std::string::npos);
+}
+
+// The header names the link as lockstep train does: "1 ms", not "1e+03 us".
+TEST(Render, TableHeaderNamesTheLinkInReadableUnits) {
+  PlanOptions o;
+  o.device = device_preset("cpu");
+  o.step.micro_batch = 32;
+  o.step.topology.inter = {.bytes_per_second = 1.25e9, .latency_s = 1e-3};
+  const Profile p = profile_from_spec(mlp_model(784, {512, 512}, 10), o.device, 32, 5);
+  const std::string t = plan_table(make_plan(p, o));
+  EXPECT_NE(t.find("link 10 Gbit/s, 1 ms\n"), std::string::npos) << t.substr(0, 300);
+  EXPECT_EQ(t.find("e+"), std::string::npos) << t.substr(0, 300);
 }
 
 }  // namespace
