@@ -15,6 +15,9 @@
 #include <thread>
 
 #include "comm/gloo/join.h"
+#include <gloo/transport/tcp/device.h>
+
+#include "comm/gloo/mesh.h"
 #include "lockstep/error.h"
 #include "gloo_group.h"
 #include "redis_server.h"
@@ -331,6 +334,34 @@ TEST_F(GlooRendezvous, AFileRendezvousAcrossHostsNeedsBind) {
     EXPECT_NE(e.log.find("share a file rendezvous, which listens on loopback unless told"), std::string::npos)
         << contains_msg(e);
   }
+}
+
+// A peer that publishes its addresses just before the deadline and then never
+// connects: the connect must end at the deadline. The pairs were made with the
+// time left at the start, so before the watch (Note [A connect that outlives
+// the deadline], mesh.cpp) the connect waited that long again: ~11 s here.
+TEST_F(GlooRendezvous, APeerThatPublishesLateAndNeverConnectsCostsNoMoreThanTheDeadline) {
+  GlooGroup group(dir_);
+  auto a = args(2);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "6000"});
+  const auto start = std::chrono::steady_clock::now();
+  group.spawn(0, a);
+  // Rank 1, faked here: it joins, makes its pair with rank 0 and publishes
+  // its address at 5 s, and never connects.
+  comm::gloo_backend::RendezvousStore store("file:" + (dir_ / "rdv").string(), "lockstep", 2000ms);
+  comm::gloo_backend::join(store, 1, 2, 6000ms, start + 6s);
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  const auto device = ::gloo::transport::tcp::CreateDevice(attr);
+  const auto context = device->createContext(1, 2);
+  const std::vector<char> mine = context->createPair(0)->address().bytes();
+  std::this_thread::sleep_until(start + 5s);
+  ASSERT_TRUE(store.set_if_absent("addr/1", comm::gloo_backend::encode_addresses({mine, {}})));
+  const auto exits = group.wait_all(30s);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_NE(exits[0].code, 0) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("timed out connecting to rank 1"), std::string::npos) << contains_msg(exits[0]);
+  EXPECT_LT(exits[0].ended - start, 8.5s) << contains_msg(exits[0]);  // the deadline is at 6 s
 }
 
 TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {

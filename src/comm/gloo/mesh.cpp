@@ -17,21 +17,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "../algorithms.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm::gloo_backend {
-namespace {
 
-using gloo::transport::tcp::Address;
-
-// "addr/<r>": for each rank i, a 4-byte length and the bytes of r's listening
-// address for the pair with i (empty for i == r).
-std::string encode(const std::vector<std::vector<char>>& addresses) {
+std::string encode_addresses(const std::vector<std::vector<char>>& addresses) {
   std::string s;
   for (const auto& a : addresses) {
     const auto n = static_cast<std::uint32_t>(a.size());
@@ -40,6 +37,10 @@ std::string encode(const std::vector<std::vector<char>>& addresses) {
   }
   return s;
 }
+
+namespace {
+
+using gloo::transport::tcp::Address;
 
 std::vector<std::vector<char>> decode(const std::string& s, int size, int from) {
   std::vector<std::vector<char>> out;
@@ -150,6 +151,44 @@ void check_bind_address(const std::string& me, const std::string& bind) {
   throw IoError(head + "binding a socket failed (" + std::strerror(first_errno) + ")" + remedy);
 }
 
+// Note [A connect that outlives the deadline]: a pair waits for its peer up
+// to 5x the timeout it was made with (tcp/pair.h), counted from the connect
+// call, and the pairs are made before the peers' addresses are read. A peer
+// whose addresses came just before the deadline would get that whole time
+// again. This watch closes the mesh at the deadline (Note [Closing the
+// mesh]), which wakes a connect blocked there.
+class DeadlineWatch {
+ public:
+  DeadlineWatch(Mesh& mesh, Clock::time_point deadline)
+      : thread_([this, &mesh, deadline] {
+          std::unique_lock lock(mu_);
+          if (cv_.wait_until(lock, deadline, [this] { return stopped_; })) return;
+          fired_ = true;
+          lock.unlock();
+          mesh.close_all();
+        }) {}
+  ~DeadlineWatch() { stop(); }
+  DeadlineWatch(const DeadlineWatch&) = delete;
+  DeadlineWatch& operator=(const DeadlineWatch&) = delete;
+
+  // Stops the watch; true if the deadline came first and the mesh is closed.
+  bool stop() {
+    {
+      const std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false, fired_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
 }  // namespace
 
 Mesh::Mesh(int rank, int size) : gloo::Context(rank, size), peer_addresses_(size) {}
@@ -182,7 +221,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   for (int i = 0; i < size; ++i) {
     if (i != rank) mine[i] = transportContext_->createPair(i)->address().bytes();
   }
-  if (!store.set_if_absent("addr/" + std::to_string(rank), encode(mine))) {
+  if (!store.set_if_absent("addr/" + std::to_string(rank), encode_addresses(mine))) {
     // Not ours: the join checked that this rank's claim is this process's,
     // so another process published them (a duplicate of this rank).
     const std::string msg = "rendezvous " + store.address() + ": " + me +
@@ -231,20 +270,24 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   }
   nodes_ = detail::number_nodes(hosts);
 
+  DeadlineWatch watch(*this, deadline);
+  const auto timed_out = [&](int i, const std::string& how) {
+    return TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
+                        std::to_string(i) + " at " + peer_addresses_[i] + how);
+  };
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
     const Address published(theirs[i][rank]);
     peer_addresses_[i] = published.str();
-    // Each pair waits up to the time that was left when the pairs were made;
-    // connected one after another, they must not add up past the deadline.
     if (Clock::now() >= deadline) {
+      watch.stop();
       close_all();
-      throw TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
-                         std::to_string(i) + " at " + peer_addresses_[i] + " (and the ranks after it)");
+      throw timed_out(i, " (and the ranks after it)");
     }
     try {
       transportContext_->getPair(i)->connect(theirs[i][rank]);
     } catch (const std::exception& e) {
+      if (watch.stop()) throw timed_out(i, ": it published its addresses but did not connect by the deadline");
       const std::string msg = me + ": rendezvous: connecting to rank " + std::to_string(i) + " at " +
                               peer_addresses_[i] + " failed: " + strip_location(e.what());
       publish_abort(store, msg);
@@ -255,6 +298,8 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
       peer_addresses_[i] = Address(*remote).str();
     }
   }
+  // Connected, unless the deadline came in the last moment and closed them.
+  if (watch.stop()) throw timed_out(size - 1 == rank ? size - 2 : size - 1, ": the deadline came as it connected");
 }
 
 int Mesh::peer_named_in(const std::string& what) const {

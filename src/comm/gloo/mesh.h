@@ -23,6 +23,10 @@
 
 namespace lockstep::comm::gloo_backend {
 
+// The value of "addr/<rank>": for each rank i, a 4-byte length and the bytes
+// of this rank's listening address for the pair with i (empty for itself).
+std::string encode_addresses(const std::vector<std::vector<char>>& addresses);
+
 class Mesh final : public gloo::Context {
  public:
   Mesh(int rank, int size);
