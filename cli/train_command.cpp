@@ -176,29 +176,47 @@ double available_memory_bytes() {
 }
 
 // Every replica holds its weights, gradients and optimizer state (and, with
-// --compress bf16, its error feedback and a bf16 copy). When that alone is
-// more than the host has free, the run is refused now: otherwise the kernel's
-// OOM killer ends it part way, without a word.
+// --compress bf16, its error feedback and a bf16 copy), and the MLP's
+// activations of a micro-batch (each Linear's input and output, a lower
+// bound: backward needs as much again for their gradients). When that alone
+// is more than the host has free, the run is refused now: otherwise the
+// kernel's OOM killer ends it part way, without a word.
 void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here) {
   // The MLP counted by the cost model, not built: a probe model would itself
   // zero gigabytes first. The built-in CNN is small.
-  const double params =
-      c.model == "mlp" ? cost::mlp_model(data.train.features, c.hidden, data.train.num_classes).params()
-                       : double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
+  double params = 0, activation_floats = 0;
+  if (c.model == "mlp") {
+    const cost::ModelSpec spec = cost::mlp_model(data.train.features, c.hidden, data.train.num_classes);
+    params = spec.params();
+    for (const cost::LayerShape& l : spec.layers) activation_floats += l.activation_floats;
+  } else {
+    params = double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
+  }
   const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
                                     : c.momentum > 0       ? cost::Optimizer::Momentum
                                                            : cost::Optimizer::Sgd;
   const double copies =
       2 + cost::optimizer_state_factor(optimizer) + (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
-  const double need = replicas_here * params * sizeof(float) * copies;
+  const double state = params * sizeof(float) * copies;
+  const double activations = activation_floats * double(c.micro_batch) * sizeof(float);
+  const double need = replicas_here * (state + activations);
   const double available = available_memory_bytes();
   if (available > 0 && need > available) {
-    char text[256];
-    std::snprintf(text, sizeof text,
-                  "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
-                  "parameters each) on this host, and it has %.1f GB free; lower --replicas (or the processes per "
-                  "host) or --hidden.",
-                  need / 1e9, replicas_here, params, available / 1e9);
+    char text[384];
+    if (activations > state) {
+      std::snprintf(text, sizeof text,
+                    "this run needs at least %.1f GB for %d replicas' activations of %lld samples each (%.1f GB "
+                    "per replica) and their weights, gradients and optimizer state on this host, and it has %.1f "
+                    "GB free; lower --micro-batch, --replicas (or the processes per host) or --hidden.",
+                    need / 1e9, replicas_here, static_cast<long long>(c.micro_batch), activations / 1e9,
+                    available / 1e9);
+    } else {
+      std::snprintf(text, sizeof text,
+                    "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
+                    "parameters each) and activations on this host, and it has %.1f GB free; lower --replicas (or "
+                    "the processes per host) or --hidden.",
+                    need / 1e9, replicas_here, params, available / 1e9);
+    }
     throw InvalidArgument(text);
   }
 }

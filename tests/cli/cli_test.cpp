@@ -278,6 +278,13 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   EXPECT_EQ(huge.code, 2) << huge.output;
   EXPECT_NE(huge.output.find("GB for 1024 replicas' weights, gradients and optimizer state"), std::string::npos)
       << huge.output;
+  // Activations too: one replica's 7500 samples x 200794 floats through a
+  // Linear of 100000 is ~6 GB, x 8 replicas ~48 GB; its weights ~1 GB each.
+  const CliRun wide = run("train --data " + make_data_dir("cli_wide", 60000).string() +
+                          " --micro-batch 7500 --hidden 100000 --steps 1");
+  EXPECT_EQ(wide.code, 2) << wide.output;
+  EXPECT_NE(wide.output.find("GB for 8 replicas' activations of 7500 samples each"), std::string::npos)
+      << wide.output;
   const CliRun typo = run("launch --nproc 2 --bogus -- plan");  // a launch flag, not a misplaced command
   EXPECT_EQ(typo.output.find("goes after --"), std::string::npos) << typo.output;
 }
