@@ -16,13 +16,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The same file by any path: one inode if both exist, else one normalised path.
+// The same file by any path, as write_file_atomically sees each: one inode
+// if both exist (a pipe too: /dev/stdout twice into `| cat` is one stream;
+// not a device such as /dev/null, where two outputs harm nothing), else
+// where their links lead (output_target: a dangling link writes the file it
+// names), normalised.
 bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !S_ISCHR(sa.st_mode) && !S_ISBLK(sa.st_mode);
   std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
   // Absolute first: weakly_canonical resolves only the part that exists, so
   // "./x" (whose "." exists) and "x" (nothing exists) would come out apart.
-  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
+  return fs::weakly_canonical(fs::absolute(output_target(a)), ec) ==
+         fs::weakly_canonical(fs::absolute(output_target(b)), ec);
 }
 
 void check_writable(const NamedFile& out) {

@@ -156,6 +156,23 @@ TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
   EXPECT_NE(absolute.output.find("--report and --trace both name"), std::string::npos) << absolute.output;
   EXPECT_FALSE(fs::exists(dir / "new.st"));
   EXPECT_FALSE(fs::exists(dir / "new.json"));
+  // A dangling link is where it leads: --report through it would have
+  // written b.st, and --save then replaced it (the weights lost).
+  fs::remove(dir / "dangling");
+  fs::create_symlink("b.st", dir / "dangling");
+  const CliRun link = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --report " +
+                          (dir / "dangling").string() + " --save " + (dir / "b.st").string());
+  EXPECT_EQ(link.code, 2) << link.output;
+  EXPECT_NE(link.output.find("--save and --report both name"), std::string::npos) << link.output;
+  EXPECT_FALSE(fs::exists(dir / "b.st"));
+  // One pipe twice is one stream, the report and the trace run together; a
+  // device such as /dev/null twice harms nothing.
+  const CliRun pipe = run("train --data " + dir.string() +
+                          " --replicas 2 --micro-batch 8 --steps 1 --report /dev/stdout --trace /dev/stdout 2>&1 | cat");
+  EXPECT_NE(pipe.output.find("--report and --trace both name /dev/stdout"), std::string::npos) << pipe.output;
+  const CliRun null = run("train --data " + dir.string() +
+                          " --replicas 2 --micro-batch 8 --steps 1 --report /dev/null --trace /dev/null");
+  EXPECT_EQ(null.code, 0) << null.output;
 }
 
 // An output that names one of the run's inputs (by any path: ./x, a
@@ -186,6 +203,16 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
   EXPECT_NE(data.output.find("is a file of --data"), std::string::npos) << data.output;
   EXPECT_EQ(data.output.find("result"), std::string::npos) << "trained before failing:\n" << data.output;
   EXPECT_EQ(bytes(labels), before);
+  // A dangling link to the plain file the loader would prefer over the .gz:
+  // writing through it would have put a JSON file where the images are read.
+  const fs::path plain = dir / "train-labels-idx1-ubyte";
+  ASSERT_FALSE(fs::exists(plain));
+  fs::remove(dir / "dangling.json");
+  fs::create_symlink(plain, dir / "dangling.json");
+  const CliRun shadow = run(common + "--report " + (dir / "dangling.json").string());
+  EXPECT_EQ(shadow.code, 2) << shadow.output;
+  EXPECT_NE(shadow.output.find("is a file of --data"), std::string::npos) << shadow.output;
+  EXPECT_FALSE(fs::exists(plain));
 
   // Continuing from a file and saving over it is fine: --save writes after --init was read.
   EXPECT_EQ(run(common + "--init " + weights.string() + " --save " + weights.string()).code, 0);
