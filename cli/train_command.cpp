@@ -317,15 +317,28 @@ int run_train(TrainFlags& f) {
   const auto data = data::load_image_classification(f.data_dir, {.normalize = f.normalize});
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
-    c.initial_params = nn::load_weights(f.init_file, model->layout());
-    for (const auto& t : model->layout().tensors()) {  // training from them would give NaN from step 0
-      const auto values = std::span<const float>(*c.initial_params).subspan(t.offset, t.numel);
-      if (std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); })) {
-        throw InvalidArgument("--init " + f.init_file + ": tensor " + t.name +
-                              " holds NaN or infinite values; no model trains from them. Give weights saved from "
-                              "a healthy run.");
+    nn::LoadedState state = nn::load_state(f.init_file, model->layout(), model->buffer_layout());
+    // Training from them would give NaN from step 0.
+    const auto check_finite = [&](const nn::Layout& layout, const std::vector<float>& all) {
+      for (const auto& t : layout.tensors()) {
+        const auto values = std::span<const float>(all).subspan(t.offset, t.numel);
+        if (std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); })) {
+          throw InvalidArgument("--init " + f.init_file + ": tensor " + t.name +
+                                " holds NaN or infinite values; no model trains from them. Give weights saved "
+                                "from a healthy run.");
+        }
       }
+    };
+    check_finite(model->layout(), state.params);
+    if (state.buffers) check_finite(model->buffer_layout(), *state.buffers);
+    if (!state.buffers && model->buffer_layout().numel() > 0 && !f.quiet) {
+      std::fprintf(stderr,
+                   "note: --init %s holds no batch-norm running statistics (saved by an earlier lockstep); they "
+                   "start at mean 0 and variance 1.\n",
+                   f.init_file.c_str());
     }
+    c.initial_params = std::move(state.params);
+    c.initial_buffers = std::move(state.buffers);
   }
   if (!in_group) return train_and_report(f, data, nullptr);
   return train_as_rank(f, data);
@@ -449,7 +462,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
 
   std::cout << train::summary_text(c, result);
   if (!f.save_file.empty()) {
-    nn::save_weights(f.save_file, result.layout, result.params,
+    nn::save_weights(f.save_file, result.layout, result.params, result.buffer_layout, result.buffers,
                      {{"format", "pt"}, {"model", result.model_description}});
   }
   if (!f.report_file.empty()) write_file_atomically(f.report_file, train::report_json(c, result), "the report");
@@ -587,7 +600,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
   cmd->add_option("--init", flags->init_file,
                   "Start from these weights (safetensors) instead of a fresh init");
-  cmd->add_option("--save", flags->save_file, "Write the final weights here (safetensors, PyTorch names)");
+  cmd->add_option("--save", flags->save_file, "Write the final weights and batch-norm statistics here (safetensors, PyTorch state_dict names)");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));

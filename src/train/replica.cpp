@@ -109,11 +109,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
 
   // Weights: made once on rank 0, broadcast once, verified, never exchanged again.
   if (rank == 0) {
-    if (c.initial_params) {
-      std::memcpy(params.data(), c.initial_params->data(), params.size_bytes());
-    } else {
-      model->init(c.seed);
-    }
+    model->init(c.seed);  // the buffers' defaults (running variance 1) under --init too
+    if (c.initial_params) std::memcpy(params.data(), c.initial_params->data(), params.size_bytes());
+    if (c.initial_buffers)
+      std::memcpy(model->buffers().data(), c.initial_buffers->data(), model->buffers().size_bytes());
   }
   auto before_setup = comm.stats().bytes_sent;
   comm::broadcast(comm, params, 0);

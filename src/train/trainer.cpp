@@ -211,6 +211,10 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
     throw InvalidArgument("initial weights hold " + std::to_string(c.initial_params->size()) +
                           " values but the model has " + std::to_string(probe->layout().numel()));
   }
+  if (c.initial_buffers && c.initial_buffers->size() != probe->buffer_layout().numel()) {
+    throw InvalidArgument("initial buffers hold " + std::to_string(c.initial_buffers->size()) +
+                          " values but the model has " + std::to_string(probe->buffer_layout().numel()));
+  }
   const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
   return {std::move(sampler), total_steps, warmup, std::move(probe)};
 }

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "lockstep/data/idx.h"
+#include "lockstep/nn/safetensors.h"
 
 namespace {
 
@@ -43,18 +44,20 @@ CliRun run(const std::string& args) {
   return r;
 }
 
-// A tiny IDX data set: `train` (64) train and 16 test images of 4x4, 3 classes
-// (labels i mod 3; with `stray_label`, the first train label is that instead).
-fs::path make_data_dir(const std::string& name, std::int64_t train = 64, std::uint8_t stray_label = 0) {
+// A tiny IDX data set: `train` (64) train and 16 test images of `side` x
+// `side` (4x4), 3 classes (labels i mod 3; with `stray_label`, the first
+// train label is that instead).
+fs::path make_data_dir(const std::string& name, std::int64_t train = 64, std::uint8_t stray_label = 0,
+                       std::int64_t side = 4) {
   const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / name;
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
     std::vector<std::uint8_t> bytes;
-    for (std::int64_t i = 0; i < n * (images ? 16 : 1); ++i)
+    for (std::int64_t i = 0; i < n * (images ? side * side : 1); ++i)
       bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % 3));
     if (!images && stray_label != 0 && file.rfind("train", 0) == 0) bytes[0] = stray_label;
     std::vector<std::int64_t> dims =
-        images ? std::vector<std::int64_t>{n, 4, 4} : std::vector<std::int64_t>{n};
+        images ? std::vector<std::int64_t>{n, side, side} : std::vector<std::int64_t>{n};
     lockstep::data::write_idx(dir / file, 0x08, dims, bytes, true);
   };
   write("train-images-idx3-ubyte.gz", train, true);
@@ -512,6 +515,33 @@ TEST(Cli, GarbageIdxFileIsNamed) {
   const CliRun r = run("train --data " + dir.string() + " --steps 1");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.output;
+}
+
+// --save writes batch norm's running statistics with the weights (PyTorch's
+// state_dict), and --init reads them back: a run that goes on from a file
+// goes on from its statistics. Before, they were not saved, and under --init
+// they started at 0 (not even variance 1): one more step left
+// num_batches_tracked at 1, not 4.
+TEST(Cli, SaveAndInitCarryTheBatchNormStatistics) {
+  const auto dir = make_data_dir("cli_bn_state", 64, 0, 28);
+  const std::string common = "train --data " + dir.string() + " --model cnn --replicas 2 --micro-batch 8 --quiet ";
+  const fs::path a = dir / "a.safetensors", b = dir / "b.safetensors";
+  ASSERT_EQ(run(common + "--steps 3 --save " + a.string()).code, 0);
+  const CliRun more = run(common + "--steps 1 --init " + a.string() + " --save " + b.string());
+  ASSERT_EQ(more.code, 0) << more.output;
+  const auto tensor = [](const fs::path& file, const std::string& name) {
+    for (const auto& t : lockstep::nn::load_safetensors(file).tensors)
+      if (t.name == name) return t.data;
+    ADD_FAILURE() << file << " has no " << name;
+    return std::vector<float>{};
+  };
+  EXPECT_EQ(tensor(a, "1.num_batches_tracked"), std::vector<float>{3});
+  EXPECT_EQ(tensor(b, "1.num_batches_tracked"), std::vector<float>{4});
+  // One update of momentum 0.1 from a's statistics: b's variance stays near a's.
+  const auto var_a = tensor(a, "1.running_var"), var_b = tensor(b, "1.running_var");
+  ASSERT_EQ(var_a.size(), var_b.size());
+  ASSERT_FALSE(var_a.empty());
+  for (std::size_t i = 0; i < var_a.size(); ++i) EXPECT_GT(var_b[i], 0.8f * var_a[i]) << i;
 }
 
 TEST(Cli, BadSafetensorsInitIsNamed) {

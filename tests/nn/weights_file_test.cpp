@@ -115,5 +115,47 @@ TEST_F(WeightsFileTest, MissingFileThrowsIoError) {
   EXPECT_THROW(load_weights(dir_ / "absent.safetensors", model->layout()), IoError);
 }
 
+// Parameters and buffers (batch norm's running statistics) in one file, as a
+// PyTorch state_dict; a file of weights only loads with no buffers; a file
+// with some of them, or loaded as weights only, is refused by name.
+TEST_F(WeightsFileTest, BuffersTravelWithTheWeightsAllOrNone) {
+  Layout params, buffers;
+  params.add("1.weight", {3});
+  params.add("1.bias", {3});
+  buffers.add("1.running_mean", {3});
+  buffers.add("1.running_var", {3});
+  buffers.add("1.num_batches_tracked", {});
+  const std::vector<float> p = {1, 2, 3, 4, 5, 6}, b = {0.5f, -0.25f, 1e-30f, 2, 3, 4, 17};
+  const fs::path both = dir_ / "both.safetensors";
+  save_weights(both, params, p, buffers, b);
+  const LoadedState s = load_state(both, params, buffers);
+  EXPECT_EQ(s.params, p);
+  ASSERT_TRUE(s.buffers.has_value());
+  EXPECT_EQ(*s.buffers, b);
+  try {
+    load_weights(both, params);
+    ADD_FAILURE() << "a file with buffers loaded as weights only";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("'1.running_mean' is not part of the model"), std::string::npos) << e.what();
+  }
+
+  const fs::path weights_only = dir_ / "weights_only.safetensors";
+  save_weights(weights_only, params, p);
+  const LoadedState w = load_state(weights_only, params, buffers);
+  EXPECT_EQ(w.params, p);
+  EXPECT_FALSE(w.buffers.has_value());
+
+  Layout some;
+  some.add("1.running_mean", {3});
+  const fs::path partial = dir_ / "partial.safetensors";
+  save_weights(partial, params, p, some, std::vector<float>{1, 2, 3});
+  try {
+    load_state(partial, params, buffers);
+    ADD_FAILURE() << "a file with some of the buffers loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("'1.running_var' [3] is missing"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::nn

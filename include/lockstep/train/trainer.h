@@ -111,7 +111,8 @@ struct TrainConfig {
   int ranks_per_node = 0;  // in-process replicas per modelled node (0: one node), for the hierarchical all-reduce
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
-  std::optional<std::vector<float>> initial_params;  // replaces init (e.g. --init FILE)
+  std::optional<std::vector<float>> initial_params;   // replaces init (e.g. --init FILE)
+  std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
   double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
   bool record_timeline = false;                      // keep every event (for --trace, --timeline-svg)
