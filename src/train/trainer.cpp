@@ -17,6 +17,36 @@
 namespace lockstep::train {
 namespace {
 
+// A data set as train() reads it: every array as long as its sizes say
+// (a set built in code can disagree with itself), every label a class of
+// the model, and the test set shaped as the training set. Before this, a
+// short `inputs` was read past its end.
+void check_dataset(const data::Dataset& d, const std::string& which, const data::Dataset& train) {
+  const std::string name = "the " + which + " set";
+  if (d.size <= 0) throw InvalidArgument(name + " is empty (size " + std::to_string(d.size) + ").");
+  if (d.features <= 0) throw InvalidArgument(name + " has " + std::to_string(d.features) + " features per sample.");
+  if (d.features > static_cast<std::int64_t>(d.inputs.max_size()) / d.size ||
+      d.inputs.size() != static_cast<std::size_t>(d.size * d.features)) {
+    throw InvalidArgument(name + " says " + std::to_string(d.size) + " samples of " + std::to_string(d.features) +
+                          " features, but its inputs hold " + std::to_string(d.inputs.size()) + " floats.");
+  }
+  if (d.labels.size() != static_cast<std::size_t>(d.size)) {
+    throw InvalidArgument(name + " says " + std::to_string(d.size) + " samples, but it has " +
+                          std::to_string(d.labels.size()) + " labels.");
+  }
+  if (d.features != train.features) {
+    throw InvalidArgument(name + " has " + std::to_string(d.features) + " features per sample and the training set " +
+                          std::to_string(train.features) + "; the model takes one width.");
+  }
+  if (train.num_classes < 1) throw InvalidArgument("the training set has no classes (num_classes 0).");
+  for (std::size_t i = 0; i < d.labels.size(); ++i) {
+    if (d.labels[i] < 0 || d.labels[i] >= train.num_classes) {
+      throw InvalidArgument(name + "'s sample " + std::to_string(i) + " has label " + std::to_string(d.labels[i]) +
+                            ", outside the model's classes 0.." + std::to_string(train.num_classes - 1) + ".");
+    }
+  }
+}
+
 void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.replicas < 1 || c.replicas > 1024) {
     throw InvalidArgument("--replicas must be between 1 and 1024, got " + std::to_string(c.replicas));
@@ -71,7 +101,8 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
                                       "sums), so --algorithm ") +
                           comm::to_string(c.algorithm) + " would be ignored; leave --algorithm out or use ring.");
   }
-  if (data.train.size == 0 || data.test.size == 0) throw InvalidArgument("the data set is empty");
+  check_dataset(data.train, "training", data.train);
+  check_dataset(data.test, "test", data.train);
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
   if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
   for (const auto& f : c.inject) {

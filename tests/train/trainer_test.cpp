@@ -175,6 +175,34 @@ TEST(Failure, OneReplicaThrowingStopsAllWithItsError) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "others were not woken";
 }
 
+// A data set built in code that disagrees with itself is refused before
+// training, naming the set; before, a short `inputs` was read past its end.
+TEST(Config, ADataSetThatDisagreesWithItselfIsRefused) {
+  const auto expect_refused = [](const std::function<void(data::ImageClassificationData&)>& perturb,
+                                 const std::string& says) {
+    auto data = synthetic_data(300);
+    perturb(data);
+    try {
+      train(small_config(2, 16), data);
+      ADD_FAILURE() << "trained on a data set where " << says;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([](auto& d) { d.train.inputs.resize(100); }, "the training set says 300 samples of");
+  expect_refused([](auto& d) { d.train.labels.resize(299); }, "the training set says 300 samples, but it has 299 labels");
+  expect_refused([](auto& d) { d.test.inputs.resize(d.test.inputs.size() - 1); }, "the test set says");
+  expect_refused([](auto& d) { d.test.labels[3] = d.train.num_classes; }, "the test set's sample 3 has label");
+  expect_refused([](auto& d) { d.train.labels[7] = -1; }, "the training set's sample 7 has label -1");
+  expect_refused([](auto& d) { d.test.size = 0; }, "the test set is empty");
+  expect_refused(
+      [](auto& d) {
+        d.test.features = d.train.features + 1;
+        d.test.inputs.resize(static_cast<std::size_t>(d.test.size * d.test.features));
+      },
+      "features per sample and the training set");
+}
+
 TEST(Config, ImpossibleValuesAreRefused) {
   const auto data = synthetic_data(300);
   auto zero = small_config(0, 32);
