@@ -11,6 +11,10 @@ namespace lockstep::nn {
 
 LossSum softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t batch,
                               std::int64_t classes, float* dlogits, float grad_scale) {
+  if (batch < 0 || classes < 1) {
+    throw InvalidArgument("softmax_cross_entropy: batch " + std::to_string(batch) + " of " + std::to_string(classes) +
+                          " classes");
+  }
   LossSum out;
   for (std::int64_t r = 0; r < batch; ++r) {
     const float* z = logits + r * classes;

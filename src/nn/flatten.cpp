@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "lockstep/error.h"
 #include "lockstep/nn/layer.h"
 
 namespace lockstep::nn {
@@ -32,6 +33,7 @@ class Flatten final : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> make_flatten(std::int64_t features) {
+  if (features <= 0) throw InvalidArgument("Flatten needs a positive width, got " + std::to_string(features));
   return std::make_unique<Flatten>(features);
 }
 

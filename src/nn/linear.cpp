@@ -8,6 +8,7 @@
 #include <string>
 
 #include "lockstep/nn/gemm.h"
+#include "lockstep/error.h"
 #include "lockstep/nn/layer.h"
 
 namespace lockstep::nn {
@@ -86,6 +87,10 @@ class Linear final : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> make_linear(std::int64_t in_features, std::int64_t out_features) {
+  if (in_features <= 0 || out_features <= 0) {
+    throw InvalidArgument("Linear needs positive widths, got " + std::to_string(in_features) + " -> " +
+                          std::to_string(out_features));
+  }
   return std::make_unique<Linear>(in_features, out_features);
 }
 

@@ -10,6 +10,8 @@ namespace lockstep::nn {
 
 Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
   if (layers_.empty()) throw InvalidArgument("a model needs at least one layer");
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    if (!layers_[i]) throw InvalidArgument("layer " + std::to_string(i) + " of the model is null");
   for (std::size_t i = 1; i < layers_.size(); ++i) {
     if (layers_[i]->in_features() != layers_[i - 1]->out_features()) {
       throw InvalidArgument("layer " + std::to_string(i) + " (" + layers_[i]->describe() +

@@ -1,6 +1,7 @@
 // ReLU: y = max(x, 0); dx = dy where y > 0, else 0. No parameters.
 #include <string>
 
+#include "lockstep/error.h"
 #include "lockstep/nn/layer.h"
 
 namespace lockstep::nn {
@@ -32,6 +33,7 @@ class Relu final : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> make_relu(std::int64_t features) {
+  if (features <= 0) throw InvalidArgument("ReLU needs a positive width, got " + std::to_string(features));
   return std::make_unique<Relu>(features);
 }
 

@@ -6,11 +6,20 @@
 
 namespace lockstep::optim {
 
-void Optimizer::check_sizes(std::size_t params, std::size_t grads) const {
+void Optimizer::check_step(std::size_t params, std::size_t grads, float lr) const {
   if (params != numel_ || grads != numel_) {
     throw InvalidArgument("optimizer for " + std::to_string(numel_) + " parameters got " +
                           std::to_string(params) + " parameters and " + std::to_string(grads) + " gradients");
   }
+  if (!std::isfinite(lr)) throw InvalidArgument("optimizer step with a learning rate of " + std::to_string(lr));
+}
+
+std::size_t Optimizer::state_floats(std::size_t numel, std::size_t slots) {
+  if (slots != 0 && numel > nn::kMaxFloats / slots) {
+    throw InvalidArgument("optimizer state for " + std::to_string(numel) + " parameters x " + std::to_string(slots) +
+                          " slots is more than any machine can hold");
+  }
+  return numel * slots;
 }
 
 float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps) {

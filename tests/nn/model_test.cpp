@@ -90,6 +90,25 @@ TEST(Model, CallerMistakesAreInvalidArgument) {
     const std::int32_t labels[2] = {0, label};
     EXPECT_THROW(softmax_cross_entropy(logits, labels, 2, 2, nullptr, 1), InvalidArgument) << label;
   }
+  const std::int32_t labels[2] = {0, 1};
+  EXPECT_THROW(softmax_cross_entropy(logits, labels, -1, 2, nullptr, 1), InvalidArgument);
+  EXPECT_THROW(make_linear(0, 3), InvalidArgument);
+  EXPECT_THROW(make_relu(-1), InvalidArgument);
+  std::vector<std::unique_ptr<Layer>> with_null;
+  with_null.push_back(make_linear(4, 3));
+  with_null.push_back(nullptr);
+  EXPECT_THROW(Model{std::move(with_null)}, InvalidArgument);
+}
+
+// Sizes past any machine are refused, not wrapped around to something small
+// (a 2^32 x 2^32 tensor came out as 0 elements, a 2^62-float arena as no
+// memory at all).
+TEST(Model, SizesPastAnyMachineAreRefused) {
+  Layout layout;
+  EXPECT_THROW(layout.add("w", {std::int64_t{1} << 32, std::int64_t{1} << 32}), InvalidArgument);
+  layout.add("a", {std::int64_t{1} << 59});
+  EXPECT_THROW(layout.add("b", {std::int64_t{1} << 59, 2}), InvalidArgument);
+  EXPECT_THROW(Arena(std::size_t{1} << 62), InvalidArgument);
 }
 
 TEST(Model, TrainFlopsPerSampleClosedForm) {

@@ -146,5 +146,16 @@ TEST(Sgd, InvalidOptionsThrow) {
   EXPECT_THROW(make_sgd(P, {.dampening = -1.0f}), InvalidArgument);
 }
 
+// A state past any machine, and a step at a learning rate that is not a
+// number, are refused: the first came out as a state of 0 floats.
+TEST(Optimizers, ImpossibleStateAndLearningRateAreRefused) {
+  EXPECT_THROW(make_adamw(std::size_t{1} << 63, {}), InvalidArgument);
+  EXPECT_THROW(make_sgd(std::size_t{1} << 62, {}), InvalidArgument);
+  auto sgd = make_sgd(2, {});
+  std::vector<float> w = {1, 2}, g = {0.5f, 0.5f};
+  EXPECT_THROW(sgd->step(w, g, std::numeric_limits<float>::quiet_NaN()), InvalidArgument);
+  EXPECT_EQ(w, (std::vector<float>{1, 2}));
+}
+
 }  // namespace
 }  // namespace lockstep::optim::sgd_test

@@ -24,6 +24,10 @@ struct TensorSpec {
 };
 
 // The ordered list of tensors in an arena. Order = registration order.
+// The most floats a Layout or an Arena takes (2^60: 4 EiB); more throws
+// InvalidArgument instead of wrapping a size around.
+inline constexpr std::size_t kMaxFloats = std::size_t{1} << 60;
+
 class Layout {
  public:
   const TensorSpec& add(std::string name, std::vector<std::int64_t> shape);

@@ -28,7 +28,7 @@ class Optimizer {
 
   // params -= update(grads) with learning rate `lr`.
   void step(std::span<float> params, std::span<const float> grads, float lr) {
-    check_sizes(params.size(), grads.size());
+    check_step(params.size(), grads.size(), lr);
     update(params.data(), grads.data(), nullptr, lr);
   }
   // The same update, and every gradient set to 0 in the same pass over
@@ -36,16 +36,19 @@ class Optimizer {
   // them. That spares the separate pass over the gradients that a backward
   // overwriting them would make (OpenBLAS clears C before a beta = 0 product).
   void step_and_zero_grads(std::span<float> params, std::span<float> grads, float lr) {
-    check_sizes(params.size(), grads.size());
+    check_step(params.size(), grads.size(), lr);
     update(params.data(), grads.data(), grads.data(), lr);
   }
 
  protected:
-  Optimizer(std::size_t numel, std::size_t slots) : numel_(numel), state_(numel * slots) {}
+  Optimizer(std::size_t numel, std::size_t slots) : numel_(numel), state_(state_floats(numel, slots)) {}
   // One update of numel_ parameters; if `zero` is not null, zero[i] = 0
   // after g[i] is read (zero == g when called from step_and_zero_grads).
   virtual void update(float* w, const float* g, float* zero, float lr) = 0;
-  void check_sizes(std::size_t params, std::size_t grads) const;
+  // InvalidArgument unless params and grads are numel_ long and lr is finite.
+  void check_step(std::size_t params, std::size_t grads, float lr) const;
+  // numel x slots, or InvalidArgument if that is past nn::kMaxFloats.
+  static std::size_t state_floats(std::size_t numel, std::size_t slots);
   std::size_t numel_;
   nn::Arena state_;
   std::int64_t steps_ = 0;
