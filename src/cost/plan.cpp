@@ -209,6 +209,10 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
 Plan make_plan(const Profile& profile, const PlanOptions& given) {
   check_options(given);
   PlanOptions options = given;
+  // The advisor reads the rows in order (the last that pays, the first that
+  // fails): ascending, each count once, whatever order they came in.
+  std::sort(options.replicas.begin(), options.replicas.end());
+  options.replicas.erase(std::unique(options.replicas.begin(), options.replicas.end()), options.replicas.end());
   if (options.reference_batch <= 0)
     options.reference_batch = double(options.step.micro_batch) * double(options.step.accumulate);
   Plan plan{.model = profile.model, .profile = profile, .options = options};

@@ -265,16 +265,22 @@ const StepTiming& Reducer::finish_step() {
   }
   if (!s.options.overlap) {  // every bucket, in order, here and now
     s.timing.wait_start = Clock::now();
-    for (std::size_t k = 0; k < s.buckets.size(); ++k) {
-      auto& t = s.timing.buckets[k];
-      const comm::CommStats before = s.comm.stats();
-      t.start = Clock::now();
-      s.next = k;
-      s.reduce(s.buckets[k], s.weight, s.global_count);
-      t.end = Clock::now();
-      const comm::CommStats after = s.comm.stats();
-      t.bytes_sent = after.bytes_sent - before.bytes_sent;
-      t.messages_sent = after.messages_sent - before.messages_sent;
+    try {
+      for (std::size_t k = 0; k < s.buckets.size(); ++k) {
+        auto& t = s.timing.buckets[k];
+        const comm::CommStats before = s.comm.stats();
+        t.start = Clock::now();
+        s.next = k;
+        s.reduce(s.buckets[k], s.weight, s.global_count);
+        t.end = Clock::now();
+        const comm::CommStats after = s.comm.stats();
+        t.bytes_sent = after.bytes_sent - before.bytes_sent;
+        t.messages_sent = after.messages_sent - before.messages_sent;
+      }
+    } catch (...) {  // the step ends here, as with overlap: the next call meets the group's own error
+      s.next = s.buckets.size();
+      s.in_step = false;
+      throw;
     }
     s.next = s.buckets.size();
     s.in_step = false;

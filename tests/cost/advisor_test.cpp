@@ -424,6 +424,13 @@ TEST(Advisor, EverythingPaysOnAFastLink) {
   EXPECT_EQ(plan.recommendation.max_replicas, 4);
   EXPECT_EQ(plan.recommendation.first_failing, 0);
   EXPECT_NE(plan.recommendation.summary.find("pays at every listed count"), std::string::npos);
+  // The same counts out of order and repeated (from the library; the CLI sorts
+  // its ranges): the same advice, one row per count. It said "up to 1".
+  const Plan shuffled = make_plan(uniform(1e6, 100), options({4, 2, 1, 2}, {100e9, 1e-6}));
+  EXPECT_EQ(shuffled.recommendation.max_replicas, 4);
+  ASSERT_EQ(shuffled.rows.size(), 3u);
+  EXPECT_EQ(shuffled.rows.front().replicas, 1);
+  EXPECT_EQ(shuffled.recommendation.summary, plan.recommendation.summary);
 }
 
 TEST(Advisor, BadOptionsAreRejected) {

@@ -285,6 +285,38 @@ TEST(Reducer, LayoutMismatchIsRejectedOnEveryRank) {
   }
 }
 
+// A step that failed in its all-reduce has ended, with overlap or without:
+// the next step's calls meet the group's own error, not "begin_step() called
+// again before finish_step()" (what the reducer said without overlap).
+TEST(Reducer, AFailedStepHasEndedAndTheNextMeetsTheGroupsError) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    std::string second_error;
+    run_ranks(2, [&](comm::Communicator& comm) {
+      std::vector<float> grads(total_numel());
+      Reducer reducer(comm, grads, kNumels, {.overlap = overlap});
+      if (comm.rank() == 1) {
+        comm.abort("rank 1 leaves");
+        return;
+      }
+      const auto step = [&] {
+        reducer.begin_step(1, 2);
+        for (std::size_t t = kNumels.size(); t-- > 0;) reducer.mark_ready(t);
+        reducer.finish_step();
+      };
+      EXPECT_THROW(step(), Error);
+      try {
+        step();
+      } catch (const std::exception& e) {
+        second_error = e.what();
+        EXPECT_NE(dynamic_cast<const CommAborted*>(&e), nullptr) << e.what();
+      }
+    });
+    EXPECT_EQ(second_error.find("called again"), std::string::npos) << second_error;
+    EXPECT_FALSE(second_error.empty());
+  }
+}
+
 TEST(Reducer, ARankThatLeavesMidStepDoesNotHangTheOthers) {
   const auto errors = run_ranks(4, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel());
