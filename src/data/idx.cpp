@@ -85,6 +85,9 @@ class ByteSource {
     if (st.type() == fs::file_type::not_found) fail(path, "no such file");
     if (ec) fail(path, "cannot access: " + ec.message());
     if (fs::is_directory(st)) fail(path, "is a directory, not an IDX file");
+    // A FIFO without a writer would block the open for good; a device or a
+    // socket is no data set either.
+    if (!fs::is_regular_file(st)) fail(path, "is not a regular file (a FIFO, device or socket); give the IDX file itself");
     file_.reset(std::fopen(path.c_str(), "rb"));
     if (!file_) fail(path, std::string("cannot open: ") + std::strerror(errno));
     fill();
@@ -92,7 +95,7 @@ class ByteSource {
     if (gzip_) {
       if (inflateInit2(&strm_, 15 + 16) != Z_OK) fail(path, "cannot start gzip decompression");
       inflating_ = true;
-    } else if (fs::is_regular_file(st)) {
+    } else {
       const std::uintmax_t size = fs::file_size(path, ec);
       if (!ec) plain_size_ = size;
     }

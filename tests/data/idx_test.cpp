@@ -1,6 +1,7 @@
 #include "lockstep/data/idx.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -173,6 +174,14 @@ TEST_F(IdxTest, MissingFile) {
 TEST_F(IdxTest, DirectoryIsNotAFile) {
   fs::create_directories(dir_ / "sub-idx1-ubyte");
   expect_read_error(dir_ / "sub-idx1-ubyte", {"directory"});
+}
+
+// A FIFO with no writer blocked the open for good; now it is refused at
+// once, as anything that is not a regular file.
+TEST_F(IdxTest, AFifoIsRefusedNotWaitedOn) {
+  const fs::path fifo = dir_ / "fifo-idx1-ubyte";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_read_error(fifo, {"not a regular file"});
 }
 
 TEST_F(IdxTest, EmptyFileAndEmptyGzip) {
