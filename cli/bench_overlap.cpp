@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "host_memory.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
@@ -83,7 +84,7 @@ int run_bench_overlap(const OverlapFlags& f) {
   if (f.replicas < 2) {
     throw InvalidArgument("bench overlap needs at least 2 replicas: with one there is no all-reduce to overlap.");
   }
-  const auto data = data::load_image_classification(f.data_dir);
+  const auto data = load_data(f.data_dir);
   comm::LinkModel link{
       comm::parse_bandwidth(f.link_bandwidth),
       std::chrono::duration_cast<std::chrono::nanoseconds>(comm::parse_latency(f.link_latency))};

@@ -27,6 +27,8 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "host_memory.h"
+#include "lockstep/error.h"
 #include "lockstep/nn/gemm.h"
 #include "lockstep/train/trainer.h"
 #include "peak_flops.h"
@@ -111,7 +113,7 @@ double matmul_samples_per_s(const std::vector<std::int64_t>& dims, int replicas,
 }
 
 int run_bench_train(const BenchFlags& f) {
-  const auto data = data::load_image_classification(f.data_dir);
+  const auto data = load_data(f.data_dir);
   if (data.train.size < 256) {  // 8 x 32, 2 x 128 and 1 x 256
     throw InvalidArgument("bench train runs global batches of up to 256 samples, and " + data.dir.string() +
                           " has " + std::to_string(data.train.size) + " training samples; give --data a larger set.");

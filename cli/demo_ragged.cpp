@@ -18,6 +18,7 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "host_memory.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
@@ -63,7 +64,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 }
 
 int run_demo_ragged(const DemoFlags& flags) {
-  const auto data = data::load_image_classification(flags.data_dir, {});
+  const auto data = load_data(flags.data_dir);
   const auto& d = data.train;
   train::TrainConfig c;
   c.seed = flags.seed;

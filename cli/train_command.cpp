@@ -16,6 +16,7 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "host_memory.h"
 #include "lockstep/cost/models.h"
 #include "lockstep/cost/plan.h"
 #include "lockstep/cost/profile.h"
@@ -164,17 +165,6 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
   }
 }
 
-// The memory this host has free (MemAvailable), or 0 if unknown.
-double available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
-
 // Every replica holds its weights, gradients and optimizer state (and, with
 // --compress bf16, its error feedback and a bf16 copy), and the MLP's
 // activations of a micro-batch (each Linear's input and output, a lower
@@ -314,7 +304,7 @@ int run_train(TrainFlags& f) {
 
   // Every rank loads the data (and --init) itself, before the rendezvous:
   // no collective timeout runs yet, so a slow disk cannot trip one.
-  const auto data = data::load_image_classification(f.data_dir, {.normalize = f.normalize});
+  const auto data = load_data(f.data_dir, f.normalize);
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     nn::LoadedState state = nn::load_state(f.init_file, model->layout(), model->buffer_layout());

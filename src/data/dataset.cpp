@@ -22,11 +22,19 @@ constexpr std::uint8_t kUnsignedByte = 0x08;
   throw IoError(path.string() + ": " + defect);
 }
 
-// dir/name if it exists, else dir/name.gz if that exists, else IoError.
+// dir/name if it exists, else dir/name.gz if that exists, else IoError
+// (naming a candidate that cannot be looked at, or a link to nothing).
 fs::path find_file(const fs::path& dir, const std::string& name) {
-  std::error_code ec;
   for (const fs::path& candidate : {dir / name, dir / (name + ".gz")}) {
-    if (fs::exists(candidate, ec)) return candidate;
+    std::error_code ec;
+    const fs::file_status st = fs::status(candidate, ec);
+    if (fs::exists(st)) return candidate;
+    if (ec && ec != std::errc::no_such_file_or_directory) fail(candidate, "cannot access: " + ec.message());
+    std::error_code link_ec;
+    if (fs::is_symlink(fs::symlink_status(candidate, link_ec))) {
+      fail(candidate, "is a symbolic link to " + fs::read_symlink(candidate, link_ec).string() +
+                          ", which does not exist; point it at the IDX file or remove it");
+    }
   }
   fail(dir, "no " + name + " or " + name +
                 ".gz in this directory; pass --data DIR pointing at an "
@@ -40,7 +48,9 @@ std::string type_hex(std::uint8_t code) {
 
 // Reads an image file and a label file into a Dataset of pixel / 255 values.
 // num_classes is left at 0 for the caller to set.
-Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
+// `budget`: the bytes still free for the data (0: no limit), less what
+// this pair takes.
+Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, double& budget) {
   const IdxArray images = read_idx(images_path);
   if (images.type_code != kUnsignedByte) {
     fail(images_path,
@@ -65,6 +75,21 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path) {
                   " labels; the counts must match");
   }
 
+  // The pixels become floats: 4 bytes each, beside the bytes read. A small
+  // gzip file can hold gigabytes of them; past the budget the kernel's OOM
+  // killer would end the run without a word.
+  const double need = 4.0 * double(images.bytes.size());
+  if (budget > 0) {
+    budget -= double(images.bytes.size() + labels.bytes.size());
+    if (need > budget) {
+      throw InvalidArgument(images_path.string() + ": its " + std::to_string(images.dims[0]) + " images take " +
+                            std::to_string(static_cast<long long>(need / 1e6)) +
+                            " MB as float32, more than the " +
+                            std::to_string(static_cast<long long>(std::max(0.0, budget) / 1e6)) +
+                            " MB of memory left free; give --data a smaller data set.");
+    }
+    budget -= need;
+  }
   Dataset set;
   set.size = images.dims[0];
   set.features = static_cast<std::int64_t>(images.bytes.size()) / set.size;
@@ -118,11 +143,12 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
 
   ImageClassificationData data;
   data.dir = dir;
-  data.train = load_pair(train_images, train_labels);
-  data.test = load_pair(test_images, test_labels);
+  double budget = options.memory_budget_bytes;
+  data.train = load_pair(train_images, train_labels, budget);
+  data.test = load_pair(test_images, test_labels, budget);
   if (data.train.shape != data.test.shape) {
     const auto text = [](const Dataset& d) {
-      return shape_text(d.shape) + " images (" + std::to_string(d.features) + " pixels)";
+      return "images of " + shape_text(d.shape) + " (" + std::to_string(d.features) + " values each)";
     };
     throw IoError(train_images.string() + " has " + text(data.train) + " but " + test_images.string() + " has " +
                   text(data.test) + "; train and test must match");

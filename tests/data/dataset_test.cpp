@@ -173,6 +173,29 @@ TEST_F(DatasetTest, MissingFileNamesDirectoryAndFile) {
   expect_load_error({dir_.string(), "t10k-labels-idx1-ubyte", "--data DIR"});
 }
 
+// A data set whose pixels as float32 would not fit in the memory left is
+// refused naming the file (a 600 KB gzip of zeros took 3 GB), and a link to
+// nothing is named as such, not as a file that is absent.
+TEST_F(DatasetTest, ADataSetPastTheMemoryBudgetIsRefusedNamingTheFile) {
+  write_fixture();
+  EXPECT_NO_THROW(load_image_classification(dir_, {.memory_budget_bytes = 1e9}));
+  try {
+    load_image_classification(dir_, {.memory_budget_bytes = 100});
+    ADD_FAILURE() << "loaded past its budget";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("train-images-idx3-ubyte"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("give --data a smaller data set"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(DatasetTest, ALinkToNothingIsNamedAsSuch) {
+  write_fixture();
+  fs::remove(dir_ / "t10k-labels-idx1-ubyte");
+  fs::create_symlink(dir_ / "gone", dir_ / "t10k-labels-idx1-ubyte");
+  expect_load_error({"t10k-labels-idx1-ubyte", "is a symbolic link to", "which does not exist"});
+}
+
 TEST_F(DatasetTest, MissingDirectory) {
   const fs::path missing = dir_ / "absent";
   try {
@@ -211,11 +234,11 @@ TEST_F(DatasetTest, LabelsNeedOneDimAndUnsignedBytes) {
 TEST_F(DatasetTest, TrainAndTestFeaturesMustMatch) {
   write_fixture();
   write("t10k-images-idx3-ubyte.gz", {kTest, 2, 2}, Bytes(kTest * 4, 1));
-  expect_load_error({"train-images-idx3-ubyte", "t10k-images-idx3-ubyte", "2x3 images (6 pixels)",
-                     "has 2x2 images (4 pixels)"});
+  expect_load_error({"train-images-idx3-ubyte", "t10k-images-idx3-ubyte", "images of 2x3 (6 values each)",
+                     "has images of 2x2 (4 values each)"});
   // The same number of pixels in another shape is another image, too.
   write("t10k-images-idx3-ubyte.gz", {kTest, 3, 2}, Bytes(kTest * 6, 1));
-  expect_load_error({"train-images-idx3-ubyte", "2x3 images", "has 3x2 images"});
+  expect_load_error({"train-images-idx3-ubyte", "images of 2x3", "has images of 3x2"});
 }
 
 TEST_F(DatasetTest, TestLabelBeyondTrainClassesIsAnError) {

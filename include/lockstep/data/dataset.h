@@ -33,6 +33,10 @@ struct DatasetOptions {
   // true:  inputs are (pixel / 255 - mean) / stddev, with mean and stddev
   //        taken over every pixel of the TRAIN images and applied to both sets.
   bool normalize = false;
+  // Bytes the loader may take (the files' bytes and their pixels as float32,
+  // 5 per pixel); more throws InvalidArgument naming the file. 0: no limit.
+  // `lockstep train` gives the memory the host has free.
+  double memory_budget_bytes = 0;
 };
 
 struct ImageClassificationData {

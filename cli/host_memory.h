@@ -1,0 +1,18 @@
+// What this host has free, and the data sets the commands load within it.
+#pragma once
+
+#include <filesystem>
+
+#include "lockstep/data/dataset.h"
+
+namespace lockstep::cli {
+
+// The memory this host has free (MemAvailable), or 0 if unknown.
+double available_memory_bytes();
+
+// load_image_classification with the free memory as its budget: a data set
+// that would not fit is refused, naming the file, instead of being ended
+// part way by the kernel's OOM killer.
+data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize = false);
+
+}  // namespace lockstep::cli
