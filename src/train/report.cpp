@@ -205,8 +205,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   } else {
     s += "divergence detector off";
   }
-  s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; every sample " +
-       "read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
+  s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
+       "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {

@@ -106,6 +106,15 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
   if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
   for (const auto& f : c.inject) {
+    // A fault no guard could see would show nothing: refused, as same-seed.
+    if ((f.kind == Fault::Kind::BitFlip || f.kind == Fault::Kind::BufferBitFlip) && c.replicas < 2) {
+      throw InvalidArgument("--inject bitflip needs 2 or more replicas: with one, there is no other replica for the "
+                            "divergence detector to compare it with.");
+    }
+    if (f.kind == Fault::Kind::BufferBitFlip && c.bn_stats == BnStats::Local && !c.deterministic) {
+      throw InvalidArgument("--inject bitflip-buffer needs --bn-stats sync (or --deterministic): with local "
+                            "statistics the replicas' buffers differ by design, and the detector leaves them out.");
+    }
     if (f.kind == Fault::Kind::SameSeed && c.replicas < 2) {
       throw InvalidArgument("--inject same-seed needs 2 or more replicas: with one, there is no other replica to "
                             "read rank 0's shard again.");
