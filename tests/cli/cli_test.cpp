@@ -50,6 +50,7 @@ CliRun run(const std::string& args) {
 fs::path make_data_dir(const std::string& name, std::int64_t train = 64, std::uint8_t stray_label = 0,
                        std::int64_t side = 4) {
   const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / name;
+  fs::remove_all(dir);  // nothing from an earlier run (a file a broken build wrote there)
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
     std::vector<std::uint8_t> bytes;
