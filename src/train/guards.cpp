@@ -126,10 +126,17 @@ void verify_broadcast_weights(comm::Communicator& comm, const nn::Model& model) 
               " on " + ddp::describe_ranks(m[0].ranks) + "; the transport corrupted them, rerun.");
 }
 
-bool has_nonfinite(std::span<const float> values) {
-  // Exponent all ones <=> inf or NaN. An integer test, so it vectorises.
+float overflow_limit(std::int64_t terms) {
+  return std::numeric_limits<float>::max() / (2.0f * static_cast<float>(std::max<std::int64_t>(1, terms)));
+}
+
+bool has_nonfinite(std::span<const float> values, float limit) {
+  // |v| > limit, NaN and infinities included: without the sign bit, a
+  // float's bits order as its magnitude, and inf and NaN order above every
+  // finite value. An integer test, so it vectorises.
+  const std::uint32_t most = std::bit_cast<std::uint32_t>(std::fabs(limit));
   std::uint32_t bad = 0;
-  for (float v : values) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+  for (float v : values) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(v) & 0x7fffffffu) > most);
   return bad != 0;
 }
 

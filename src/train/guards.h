@@ -4,6 +4,7 @@
 // identically, so all replicas take the same branch.
 #pragma once
 
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,15 +35,20 @@ std::vector<ddp::Bucket> planned_buckets(const TrainConfig& c, const nn::Layout&
 // any tensor differs, naming it and the ranks.
 void verify_broadcast_weights(comm::Communicator& comm, const nn::Model& model);
 
-// Whether any value is NaN or infinite (one pass, vectorised).
-bool has_nonfinite(std::span<const float> values);
+// Whether any value is NaN, infinite or larger in magnitude than `limit`
+// (one pass, vectorised).
+bool has_nonfinite(std::span<const float> values, float limit = std::numeric_limits<float>::max());
 
 // Note [Non-finite sentinel]: the gradient's first element rides as a flag.
 // Just before the last tensor (tensor 0, in the bucket launched last) goes to
 // the reducer, a replica whose own gradient holds a NaN or an infinity writes
 // NaN there. Sum and mean carry NaN through, so after the all-reduce every
 // replica reads the same verdict from one float, and the common case costs
-// no collective at all.
+// no collective at all. A sum of finite values can overflow in any element,
+// not only the first: so a local value past overflow_limit(terms), where the
+// sum of `terms` such values (the ragged weights add up to the replica count)
+// could pass float's range, counts as non-finite too.
+float overflow_limit(std::int64_t terms);  // FLT_MAX / (2 terms)
 void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite);
 bool reduced_nonfinite_sentinel(std::span<const float> grads);
 

@@ -198,6 +198,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     }
 
     bool nonfinite = false;  // in this replica's own gradient, before the all-reduce
+    // Past this magnitude a local gradient could overflow the sum over the
+    // replicas (or the atoms): counted as non-finite (Note [Non-finite sentinel]).
+    const float overflow = overflow_limit(std::max<std::int64_t>(n, shard.global_count));
     bool inject_nan = guards.injects(Fault::Kind::NaN, step);
     double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
     auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced
@@ -247,7 +250,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         const double atom_loss = forward_backward(lo, c.atom, c.atom, 1.0f, nullptr);  // the sum, not the mean
         if (inject_nan) grads[grads.size() / 2] = std::numeric_limits<float>::quiet_NaN();
         inject_nan = false;
-        nonfinite = nonfinite || has_nonfinite(grads);
+        nonfinite = nonfinite || has_nonfinite(grads, overflow);
         std::copy(grads.begin(), grads.end(), atom_vector.begin());
         atom_vector[np] = static_cast<float>(atom_loss);
         for (std::size_t j = 0; j < nb; ++j) atom_vector[np + 1 + j] = buffers[j] - buffers_at_step[j];
@@ -291,7 +294,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
             const auto& t = model->layout().tensors()[i];
             if (inject_nan) grads[t.offset] = std::numeric_limits<float>::quiet_NaN();
             inject_nan = false;
-            nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel));
+            nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel), overflow);
             if (i == 0) mark_nonfinite_sentinel(grads, nonfinite);  // the last one announced
             reducer.mark_ready(i);
           }

@@ -11,6 +11,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
+#include "train/guards.h"
 
 namespace lockstep::train {
 namespace {
@@ -197,6 +198,25 @@ TEST(SymmetricDecisions, NonFiniteGradientIsSkippedByEveryReplica) {
     EXPECT_NE(snaps.at[5], snaps.at[4]) << "training did not go on";
     EXPECT_TRUE(std::isfinite(r.final_loss));
   }
+}
+
+// The local check that feeds the sentinel: NaN and infinities, and finite
+// values large enough that the sum over the replicas could overflow in any
+// element (the sentinel only carries element 0: an overflow elsewhere was
+// applied by every replica).
+TEST(SymmetricDecisions, ValuesThatCouldOverflowTheSumCountAsNonFinite) {
+  const float limit = train::detail::overflow_limit(8);
+  EXPECT_FLOAT_EQ(limit, std::numeric_limits<float>::max() / 16);
+  EXPECT_FALSE(train::detail::has_nonfinite(std::vector<float>{1, -2, 0, -0.0f, 1e-45f, -limit}, limit));
+  EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{1, std::nextafter(limit, 1e38f)}, limit));
+  EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{-3e38f, 1}, limit));
+  EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{1, std::numeric_limits<float>::infinity()}, limit));
+  EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{std::numeric_limits<float>::quiet_NaN()}, limit));
+  EXPECT_FALSE(train::detail::has_nonfinite(std::vector<float>{3e38f}));  // no limit given: finite is fine
+  // 16 values at the limit (8 replicas, weights adding up to 8, twice over) stay finite.
+  float sum = 0;
+  for (int i = 0; i < 16; ++i) sum += limit;
+  EXPECT_TRUE(std::isfinite(sum));
 }
 
 TEST(SymmetricDecisions, ConsecutiveSkipsStopEveryReplica) {
