@@ -16,6 +16,7 @@
 //
 // Flops per element: forward 5 (sum; square of the difference; scale and shift),
 // backward 5 for the sums and the parameter gradients, 4 more for dx.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -64,11 +65,19 @@ class BatchNorm2d final : public Layer {
   }
   void set_training(bool training) override { training_ = training; }
 
-  void forward(const float* x, float* y, std::int64_t batch, const ForwardContext&) override {
-    // x: (B, C, H, W) -> y: (B, C, H, W)
+  void forward(const float* x, float* y, std::int64_t batch, const ForwardContext& ctx) override {
+    // x: (B, C, H, W) -> y: (B, C, H, W). Statistics over the first
+    // `samples_` rows; the rest are padding (ForwardContext::samples).
     forward_training_ = training_;
+    samples_ = ctx.samples < 0 ? batch : std::min(ctx.samples, batch);
     if (batch == 0) return;
-    const std::int64_t C = s_.channels, hw = s_.height * s_.width, n = batch * hw;
+    const std::int64_t C = s_.channels, hw = s_.height * s_.width, n = samples_ * hw;
+    if (training_ && samples_ == 0) {  // padding only: nothing to learn from, y = x
+      std::fill(mean_.begin(), mean_.end(), 0.0);
+      std::fill(invstd_.begin(), invstd_.end(), 1.0);
+      std::copy(x, x + batch * C * hw, y);
+      return;
+    }
     if (training_ && n < 2)
       throw InvalidArgument("BatchNorm2d needs more than 1 value per channel when training, got " +
                             std::to_string(n));
@@ -76,11 +85,11 @@ class BatchNorm2d final : public Layer {
       double mean, var;
       if (training_) {
         double sum = 0;
-        for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t b = 0; b < samples_; ++b)
           for (const float* p = x + (b * C + c) * hw; p != x + (b * C + c + 1) * hw; ++p) sum += *p;
         mean = sum / double(n);
         double sq = 0;
-        for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t b = 0; b < samples_; ++b)
           for (const float* p = x + (b * C + c) * hw; p != x + (b * C + c + 1) * hw; ++p)
             sq += (*p - mean) * (*p - mean);
         var = sq / double(n);
@@ -109,11 +118,14 @@ class BatchNorm2d final : public Layer {
   void backward(const float* x, const float* /*y*/, const float* dy, float* dx, std::int64_t batch,
                 bool accumulate) override {
     // dy: (B, C, H, W) -> dgamma: (C), dbeta: (C), dx: (B, C, H, W)
-    const std::int64_t C = s_.channels, hw = s_.height * s_.width, n = batch * hw;
+    // The padding rows (past samples_) took no part in the statistics: they
+    // add nothing to dgamma and dbeta, and get no input gradient.
+    const std::int64_t C = s_.channels, hw = s_.height * s_.width, rows = std::min(samples_, batch), n = rows * hw;
+    if (dx != nullptr) std::fill(dx + rows * C * hw, dx + batch * C * hw, 0.0f);
     for (std::int64_t c = 0; c < C; ++c) {
       double sum_dy = 0, sum_dy_xhat = 0;
       const double mean = mean_[c], invstd = invstd_[c];
-      for (std::int64_t b = 0; b < batch; ++b) {
+      for (std::int64_t b = 0; b < rows; ++b) {
         const float* xp = x + (b * C + c) * hw;
         const float* dp = dy + (b * C + c) * hw;
         for (std::int64_t i = 0; i < hw; ++i) {
@@ -123,11 +135,11 @@ class BatchNorm2d final : public Layer {
       }
       dgamma_[c] = static_cast<float>(sum_dy_xhat + (accumulate ? dgamma_[c] : 0.0));
       dbeta_[c] = static_cast<float>(sum_dy + (accumulate ? dbeta_[c] : 0.0));
-      if (dx == nullptr) continue;
+      if (dx == nullptr || n == 0) continue;
       const double k = gamma_[c] * invstd;
       const double mean_dy = forward_training_ ? sum_dy / double(n) : 0.0;
       const double mean_dy_xhat = forward_training_ ? sum_dy_xhat / double(n) : 0.0;
-      for (std::int64_t b = 0; b < batch; ++b) {
+      for (std::int64_t b = 0; b < rows; ++b) {
         const float* xp = x + (b * C + c) * hw;
         const float* dp = dy + (b * C + c) * hw;
         float* dxp = dx + (b * C + c) * hw;
@@ -147,6 +159,7 @@ class BatchNorm2d final : public Layer {
   bool training_ = true;
   bool forward_training_ = true;       // the mode of the last forward
   std::vector<double> mean_, invstd_;  // per channel, of the last forward
+  std::int64_t samples_ = 0;           // rows of the last forward that were samples
   float* gamma_ = nullptr;
   float* beta_ = nullptr;
   float* dgamma_ = nullptr;

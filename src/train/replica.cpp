@@ -214,7 +214,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                                       const std::function<void(std::size_t)>& on_layer_done) {
       auto t = Clock::now();
       // Random streams (dropout) are keyed by the global sample index, never by rank.
-      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m)};
+      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m),
+                                   real};
       auto logits = model->forward(
           std::span<const float>(&x[lo * features], m * features), m,
           [&](std::size_t layer) {

@@ -42,6 +42,10 @@ struct ForwardContext {
   // The global sample index of each row of the batch: empty (rows are samples
   // 0..B-1) or exactly B entries. Read during forward() only.
   std::span<const std::int64_t> sample_index = {};
+  // How many of the batch's rows, the first ones, are samples; the rest are
+  // padding (--ragged pad), which batch statistics (BatchNorm) leave out and
+  // which get no input gradient there. -1: every row.
+  std::int64_t samples = -1;
 };
 
 // One image of a batch, NCHW: (channels, height, width).
