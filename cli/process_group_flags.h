@@ -44,8 +44,8 @@ comm::Backend backend_of(const ProcessGroupFlags& flags);  // throws InvalidArgu
 // --per-node against the backend, the replica count and the algorithm, before
 // anything runs: in-process replicas know their nodes only from --per-node
 // (a process group finds them from host names), and the hierarchical
-// all-reduce needs them.
-void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm);
+// all-reduce needs them; and --per-node where nothing reads it is refused.
+void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm, bool modelled_link);
 // With --backend threads, the flags that only a group of processes uses
 // (--rank, --rendezvous, --secret-file, ...) are refused, naming the flag.
 void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& flags);

@@ -699,6 +699,18 @@ TEST(Cli, PerNodeGroupsInProcessReplicasForTheHierarchicalAllreduce) {
   EXPECT_EQ(run(train).code, 2);
   const CliRun trained = run(train + " --per-node 2");
   EXPECT_EQ(trained.code, 0) << trained.output;
+  // Where nothing reads it, refused by name: in-process without a link, auto
+  // is the shared-memory path; ring never groups. Over a modelled link auto
+  // takes the nodes.
+  const std::string plain = "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --steps 2 "
+                            "--quiet --per-node 2";
+  for (const std::string& extra : {std::string(""), std::string(" --algorithm ring --link-latency 10us")}) {
+    const CliRun ignored = run(plain + extra);
+    EXPECT_EQ(ignored.code, 2) << extra << ":\n" << ignored.output;
+    EXPECT_NE(ignored.output.find("--per-node is read only by the hierarchical all-reduce"), std::string::npos)
+        << ignored.output;
+  }
+  EXPECT_EQ(run(plain + " --link-latency 10us").code, 0);
 }
 
 TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
