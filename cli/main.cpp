@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "lockstep/error.h"
+#include "lockstep/version.h"
 
 namespace {
 
@@ -64,7 +65,7 @@ int exit_with(const CLI::App& app, const CLI::Error& e) {
 
 int main(int argc, char** argv) {
   CLI::App app{"lockstep: synchronous data-parallel training with N replicas in lockstep", "lockstep"};
-  app.set_version_flag("--version", std::string("lockstep ") + LOCKSTEP_VERSION);
+  app.set_version_flag("--version", std::string("lockstep ") + lockstep::version());
   app.require_subcommand(1);
   app.get_formatter()->column_width(34);
   lockstep::cli::Action train = lockstep::cli::add_train_command(app);

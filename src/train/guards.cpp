@@ -13,6 +13,7 @@
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
+#include "lockstep/version.h"
 
 namespace lockstep::train::detail {
 namespace {
@@ -79,7 +80,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
     faults +=
         std::string(kind_name(f.kind)) + "@" + std::to_string(f.step) + ":" + std::to_string(f.rank) + " ";
   return {
-      {"build version", LOCKSTEP_VERSION},
+      {"build version", lockstep::version()},
       {"world size (--replicas)", std::to_string(c.replicas)},
       {"--seed", std::to_string(c.seed)},
       {"--optimizer", c.optimizer},

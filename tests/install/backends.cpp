@@ -7,12 +7,19 @@
 #include <string>
 
 #include "lockstep/comm/process_group.h"
+#include "lockstep/version.h"
+
+// The package's compile definitions stay its own: a consumer asks version().
+#ifdef LOCKSTEP_VERSION
+#error "an installed lockstep leaks LOCKSTEP_VERSION into its consumers' sources"
+#endif
 
 int main(int argc, char** argv) {
   using lockstep::comm::Backend;
   const std::string expected = argc == 3 ? std::string(argv[1]) + " " + argv[2] : "";
   const std::string built = std::string("gloo=") + (lockstep::comm::backend_built(Backend::Gloo) ? "1" : "0") +
                             " mpi=" + (lockstep::comm::backend_built(Backend::Mpi) ? "1" : "0");
-  std::printf("backends in the package: %s (expected: %s)\n", built.c_str(), expected.c_str());
+  std::printf("lockstep %s; backends in the package: %s (expected: %s)\n", lockstep::version(), built.c_str(),
+              expected.c_str());
   return built == expected && lockstep::comm::backend_from_string("gloo") == Backend::Gloo ? 0 : 1;
 }

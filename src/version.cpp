@@ -1,0 +1,7 @@
+#include "lockstep/version.h"
+
+namespace lockstep {
+
+const char* version() { return LOCKSTEP_VERSION; }
+
+}  // namespace lockstep
