@@ -161,7 +161,8 @@ Action add_bench_overlap_command(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand(
       "overlap", "Bucketed all-reduce overlapped with backward on a modelled link, against one bucket");
   cmd->option_defaults()->always_capture_default();
-  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
+  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set")
+      ->check(not_empty());
   cmd->add_option("--hidden", flags->hidden, "MLP hidden widths, one model per value (default: two models)")
       ->default_str("1024,1024,1024 512,512");
   cmd->add_option("--replicas", flags->replicas, "Replicas")->transform(whole_number_in(1, 1024));
@@ -171,8 +172,10 @@ Action add_bench_overlap_command(CLI::App& bench) {
       ->transform(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
   cmd->add_option("--repeats", flags->repeats, "Runs per arm; the median is reported")
       ->transform(whole_number_in(1, 100));
-  cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth");
-  cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency");
+  cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth")
+      ->check(not_empty());
+  cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency")
+      ->check(not_empty());
   cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB)")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", flags->first_bucket_mb, "First bucket size (MiB)")

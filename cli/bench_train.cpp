@@ -207,7 +207,8 @@ Action add_bench_train_command(CLI::App& bench) {
   CLI::App* cmd =
       bench.add_subcommand("train", "Training throughput and MFU for 8 x 32, 2 x 32, 2 x 128 and 1 x 256, and their matrix products alone");
   cmd->option_defaults()->always_capture_default();
-  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set");
+  cmd->add_option("--data", flags->data_dir, "Directory of an IDX data set")
+      ->check(not_empty());
   cmd->add_option("--steps", flags->steps, "Timed steps per run")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--warmup", flags->warmup, "Untimed steps before each run")

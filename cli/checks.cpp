@@ -39,6 +39,12 @@ CLI::Validator number_in(double lo, double hi) {
       "NUMBER in [" + show(lo) + ", " + show(hi) + "]");
 }
 
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "expected a value, got an empty string" : ""; },
+      "TEXT");
+}
+
 CLI::Validator positive_number(double hi) {
   const std::string want = "a positive number up to " + show(hi);
   return CLI::Validator(

@@ -16,5 +16,8 @@ CLI::Validator positive_number(double hi);       // finite, 0 < x <= hi
 // with strtoll in base 0 ("010" as octal eight).
 CLI::Validator whole_number_in(std::int64_t lo, std::int64_t hi);
 CLI::Validator unsigned_number_upto(std::uint64_t hi);
+// A value that is not the empty string: --data "" or --link-latency "" would
+// otherwise read as the flag not given.
+CLI::Validator not_empty();
 
 }  // namespace lockstep::cli

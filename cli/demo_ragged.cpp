@@ -154,7 +154,7 @@ Action add_demo_command(CLI::App& app) {
       "ragged",
       "Ragged shards (7 x 32 + 1 x 11): a plain mean of means is wrong, weighting by count is exact");
   ragged->option_defaults()->always_capture_default();
-  ragged->add_option("--data", flags->data_dir, "Directory of an IDX data set");
+  ragged->add_option("--data", flags->data_dir, "Directory of an IDX data set")->check(not_empty());
   ragged->add_option("--seed", flags->seed, "Seed of the model's weights")
       ->transform(unsigned_number_upto(std::numeric_limits<std::uint64_t>::max()));
   return [flags] { return run_demo_ragged(*flags); };

@@ -130,6 +130,11 @@ void check_flag_combinations(const TrainFlags& f) {
     if (given(flag) && f.cmd->get_option(flag)->as<std::string>().empty())
       throw InvalidArgument(std::string(flag) + " needs a file name.");
   }
+  // An empty value would read as the flag not given: no link, the default data.
+  for (const char* flag : {"--data", "--link-bandwidth", "--link-latency"}) {
+    if (given(flag) && f.cmd->get_option(flag)->as<std::string>().empty())
+      throw InvalidArgument(std::string(flag) + " needs a value; leave the flag out for its default.");
+  }
   if (!c.deterministic && given("--atom"))
     throw InvalidArgument("--atom sets --deterministic's unit of summation; add --deterministic or leave it out.");
   if (c.deterministic) {

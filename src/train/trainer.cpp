@@ -95,6 +95,10 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
         "--algorithm shared_memory sends no messages, so a modelled link cannot delay it; use auto, ring or "
         "halving_doubling with --link-bandwidth/--link-latency");
   }
+  if (c.compression == ddp::Compression::Bf16 && c.replicas == 1) {
+    throw InvalidArgument("--compress bf16 with one replica sends nothing and would only round the gradients to "
+                          "bf16; leave it out, or use 2 or more replicas.");
+  }
   if (c.compression == ddp::Compression::Bf16 && c.algorithm != comm::Algorithm::Auto &&
       c.algorithm != comm::Algorithm::Ring) {
     throw InvalidArgument(std::string("--compress bf16 all-reduces with its own ring (bf16 on the wire, float32 "

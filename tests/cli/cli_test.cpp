@@ -720,6 +720,15 @@ TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
   EXPECT_EQ(bw.code, 2);
   EXPECT_NE(bw.output.find("10Gbit"), std::string::npos) << bw.output;
   EXPECT_EQ(run(common + "--link-latency fast").code, 2);
+  // Empty values read as the flag not given (no link, the default data): refused.
+  for (const char* flag : {"--link-latency", "--link-bandwidth", "--data"}) {
+    const CliRun empty = run(std::string(flag) == "--data" ? "train --steps 1 --data ''" : common + flag + " ''");
+    EXPECT_EQ(empty.code, 2) << flag;
+    EXPECT_NE(empty.output.find(std::string(flag) + " needs a value"), std::string::npos) << empty.output;
+  }
+  const CliRun alone = run("train --data " + dir.string() + " --replicas 1 --micro-batch 8 --steps 1 --compress bf16");
+  EXPECT_EQ(alone.code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("--compress bf16 with one replica sends nothing"), std::string::npos) << alone.output;
   EXPECT_EQ(run(common + "--ragged mean").code, 2);
   EXPECT_EQ(run(common + "--accumulate 0").code, 2);
   EXPECT_EQ(run(common + "--compress fp8").code, 2);
