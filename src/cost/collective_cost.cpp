@@ -176,8 +176,13 @@ Algorithm algorithm_from_string(std::string_view name) {
 }
 
 HalvingDoublingPlacement halving_doubling_placement(int replicas, int per_node) {
+  if (replicas < 1 || replicas > kMaxModelledReplicas || per_node < 1) {
+    throw InvalidArgument("halving_doubling_placement: " + std::to_string(replicas) + " replicas, " +
+                          std::to_string(per_node) + " per node; both must be at least 1, replicas at most " +
+                          std::to_string(kMaxModelledReplicas) + ".");
+  }
   HalvingDoublingPlacement out{.replicas = replicas, .per_node = per_node};
-  if (replicas < 2 || per_node < 1) return out;
+  if (replicas < 2) return out;
   int pow2 = 1;
   while (pow2 * 2 <= replicas) pow2 *= 2;
   const int extra = replicas - pow2;
@@ -216,8 +221,9 @@ HalvingDoublingPlacement halving_doubling_placement(int replicas, int per_node) 
 
 CollectiveCost allreduce_cost(double bytes, int replicas, const Topology& topology, Algorithm algorithm,
                               double reduce_bytes_per_s, const HalvingDoublingPlacement* placement) {
-  if (replicas < 1)
-    throw InvalidArgument("replicas must be at least 1, got " + std::to_string(replicas) + ".");
+  if (replicas < 1 || replicas > kMaxModelledReplicas)
+    throw InvalidArgument("replicas must be from 1 to " + std::to_string(kMaxModelledReplicas) + ", got " +
+                          std::to_string(replicas) + ".");
   if (!(bytes >= 0) || !std::isfinite(bytes))
     throw InvalidArgument("the all-reduce size must be zero or more bytes, got " + std::to_string(bytes) +
                           ".");

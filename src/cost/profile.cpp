@@ -150,6 +150,8 @@ std::string profile_to_json(const Profile& p) {
 }
 
 Profile scale_compute(const Profile& profile, double factor) {
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw InvalidArgument("scale_compute: the factor must be a positive number, got " + std::to_string(factor) + ".");
   Profile p = profile;
   const double opt = profile.optimizer_ms();
   for (auto& l : p.layers) {

@@ -12,8 +12,8 @@ void average_gradients(comm::Communicator& comm, std::span<float> grads, std::in
                                 std::to_string(global_count) + " positive");
   }
   const std::int64_t n = comm.size();
-  if (local_count * n != global_count) {  // ragged: weight by sample count
-    const float w = static_cast<float>(static_cast<double>(n * local_count) / double(global_count));
+  if (static_cast<__int128>(local_count) * n != global_count) {  // ragged: weight by sample count
+    const float w = static_cast<float>(double(n) * double(local_count) / double(global_count));
     for (float& g : grads) g *= w;
   }
   // Every rank must weight by the same global count: the fingerprint checks it.

@@ -65,7 +65,11 @@ Shard DistributedSampler::shard(std::int64_t step, int rank) const {
   const std::int64_t count = std::min(global_batch_, options_.dataset_size - start);
   const std::int64_t n = options_.world_size;
   // Equal shards when count == B; otherwise as even as possible, contiguous.
-  return {start + count * rank / n, start + count * (rank + 1) / n, count};
+  // In 128 bits: count x rank would overflow 64 for counts past 2^63 / n.
+  const auto cut = [&](std::int64_t r) {
+    return start + static_cast<std::int64_t>(static_cast<__int128>(count) * r / n);
+  };
+  return {cut(rank), cut(rank + 1), count};
 }
 
 }  // namespace lockstep::ddp

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "lockstep/cost/profile.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cost {
@@ -157,6 +158,18 @@ TEST(CollectiveCost, BadInputsAreRejectedWithAMessage) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("halving_doubling"), std::string::npos);
   }
+}
+
+// Inputs past what the model prices are refused, not looped over for minutes
+// (2^30 replicas) or priced as nonsense (a negative compute factor).
+TEST(CollectiveCost, ImpossibleInputsAreRefused) {
+  EXPECT_THROW(halving_doubling_placement(0, 0), InvalidArgument);
+  EXPECT_THROW(halving_doubling_placement(kMaxModelledReplicas + 1, 1), InvalidArgument);
+  EXPECT_THROW(allreduce_cost(1e6, 1 << 30, Topology{}, Algorithm::Ring), InvalidArgument);
+  Profile p{.model = "m", .micro_batch = 1, .step_compute_ms = 1};
+  p.layers.push_back({"0", 4, 0.3, 0.6});
+  EXPECT_THROW(scale_compute(p, -1), InvalidArgument);
+  EXPECT_NO_THROW(scale_compute(p, 2));
 }
 
 }  // namespace

@@ -317,6 +317,24 @@ TEST(Reducer, AFailedStepHasEndedAndTheNextMeetsTheGroupsError) {
   }
 }
 
+// Sample counts past 2^63 / N: the weight is computed without overflow.
+// Rank 0 holds all but one of 2^62 + 1 samples; with 3 ranks, 3 x 2^62
+// wrapped to -2^62 and the mean came out negated.
+TEST(Reducer, HugeSampleCountsWeightWithoutOverflow) {
+  const std::int64_t global = (std::int64_t{1} << 62) + 1;
+  std::vector<std::vector<float>> out(3);
+  rethrow_first(run_ranks(3, [&](comm::Communicator& comm) {
+    std::vector<float> grads = {comm.rank() == 0 ? 1.5f : 0.0f, comm.rank() == 0 ? -2.0f : 0.0f};
+    average_gradients(comm, grads, comm.rank() == 0 ? global - 1 : (comm.rank() == 1 ? 1 : 0), global,
+                      comm::Algorithm::Ring);
+    out[comm.rank()] = grads;
+  }));
+  for (const auto& g : out) {
+    EXPECT_NEAR(g[0], 1.5f, 1e-5f);
+    EXPECT_NEAR(g[1], -2.0f, 1e-5f);
+  }
+}
+
 TEST(Reducer, ARankThatLeavesMidStepDoesNotHangTheOthers) {
   const auto errors = run_ranks(4, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel());

@@ -16,6 +16,9 @@
 
 namespace lockstep::cost {
 
+// The most replicas the model prices (2^20): its per-round sums are O(N log N).
+inline constexpr int kMaxModelledReplicas = 1 << 20;
+
 struct Link {
   double bytes_per_second = 1.25e9;  // 10 Gbit/s
   double latency_s = 50e-6;          // per message
@@ -60,6 +63,7 @@ struct HalvingDoublingPlacement {
   std::vector<int> most_leaving;
   std::vector<char> within;
 };
+// InvalidArgument unless 1 <= replicas <= kMaxModelledReplicas and per_node >= 1.
 HalvingDoublingPlacement halving_doubling_placement(int replicas, int per_node);
 
 // One all-reduce of `bytes` over `replicas`. `reduce_bytes_per_s` is the rate
