@@ -11,6 +11,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <sstream>
 
@@ -65,11 +66,20 @@ struct TrainFlags {
 // replica and step but the first), for `lockstep plan --profile`.
 cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r) {
   std::map<int, std::vector<double>> forward, backward;
+  // --deterministic computes a micro-batch atom by atom: its events are summed
+  // per replica, step and layer, so that each time is the micro-batch's.
+  std::map<std::tuple<int, std::int64_t, int, bool>, double> per_micro_batch;
   for (const auto& e : r.timeline) {
     if (e.layer < 0 || e.step == 0) continue;
-    (e.phase == train::Phase::Forward ? forward : backward)[e.layer].push_back((e.end_us - e.start_us) /
-                                                                               1000);
+    const bool fwd = e.phase == train::Phase::Forward;
+    const double ms = (e.end_us - e.start_us) / 1000;
+    if (c.deterministic)
+      per_micro_batch[{e.replica, e.step, e.layer, fwd}] += ms;
+    else
+      (fwd ? forward : backward)[e.layer].push_back(ms);
   }
+  for (const auto& [key, ms] : per_micro_batch)
+    (std::get<3>(key) ? forward : backward)[std::get<2>(key)].push_back(ms);
   cost::Profile p;
   p.model = r.model_description;
   p.replicas = int(r.replicas);

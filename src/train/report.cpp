@@ -158,7 +158,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   if (!std::isnan(r.times.comm_wait_ms) && r.replicas > 1) {  // Note [Waiting for the last replica]
     std::snprintf(line, sizeof line,
                   "               communication: %.2f ms waiting for the last replica to join the all-reduce, "
-                  "%.2f ms once all had joined (medians)\n",
+                  "%.2f ms once all had joined (each its own median, so the two need not add up)\n",
                   r.times.comm_wait_ms, r.times.comm_joined_ms);
     s += line;
   }
