@@ -413,8 +413,8 @@ std::chrono::nanoseconds parse_latency(std::string_view text) {
 }
 
 std::vector<std::unique_ptr<Communicator>> with_modelled_link(
-    std::vector<std::unique_ptr<Communicator>> group, const LinkModel& link) {
-  if (!link.enabled()) return group;
+    std::vector<std::unique_ptr<Communicator>>&& group, const LinkModel& link) {
+  if (!link.enabled()) return std::move(group);
   if (!std::isfinite(link.bytes_per_second) || link.bytes_per_second < 0 || link.latency.count() < 0 ||
       static_cast<double>(link.latency.count()) > kMaxDelayNs) {
     throw InvalidArgument("bad link model: bandwidth " + format("%g", link.bytes_per_second) +
@@ -423,10 +423,15 @@ std::vector<std::unique_ptr<Communicator>> with_modelled_link(
   }
   const int n = static_cast<int>(group.size());
   for (int r = 0; r < n; ++r) {
-    if (!group[r] || group[r]->rank() != r || group[r]->size() != n) {
+    if (!group[r]) {
       throw InvalidArgument("with_modelled_link needs every rank of one group in rank order; entry " +
-                            std::to_string(r) + " is not rank " + std::to_string(r) + " of " +
-                            std::to_string(n));
+                            std::to_string(r) + " is null");
+    }
+    if (group[r]->rank() != r || group[r]->size() != n) {
+      throw InvalidArgument("with_modelled_link needs every rank of one group in rank order; entry " +
+                            std::to_string(r) + " of the " + std::to_string(n) + " given is rank " +
+                            std::to_string(group[r]->rank()) + " of a group of " +
+                            std::to_string(group[r]->size()));
     }
   }
   auto board = std::make_shared<Board>(n);

@@ -132,6 +132,19 @@ TEST(ModelledLinkGroup, RejectsAGroupOutOfOrderAndABadModel) {
   EXPECT_THROW(with_modelled_link(make_thread_group({.world_size = 2}), {.bytes_per_second = -1}),
                InvalidArgument);
   EXPECT_THROW(with_modelled_link(make_thread_group({.world_size = 2}), {.latency = -1us}), InvalidArgument);
+  // Refused, the group is still the caller's; two of three ranks are named as such.
+  auto three = make_thread_group({.world_size = 3});
+  three.pop_back();
+  try {
+    with_modelled_link(std::move(three), {.latency = 1us});
+    ADD_FAILURE() << "a group missing a rank was wrapped";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 0 of the 2 given is rank 0 of a group of 3"), std::string::npos)
+        << e.what();
+  }
+  ASSERT_EQ(three.size(), 2u);
+  EXPECT_NE(three[0], nullptr);
+  EXPECT_EQ(three[1]->rank(), 1);
 }
 
 // One message each way: each takes latency + bytes / bandwidth.

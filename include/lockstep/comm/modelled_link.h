@@ -54,8 +54,9 @@ std::chrono::nanoseconds parse_latency(std::string_view text);
 // unchanged. The wrappers offer no native all-reduce, so collectives run
 // their point-to-point algorithms and every byte pays the link; stats() are
 // the inner communicators' (the bytes are unchanged). Throws InvalidArgument
-// for a bad model or a group that is not all ranks in rank order.
+// for a bad model or a group that is not all ranks in rank order; then
+// `group` is left as it was (the communicators are still the caller's).
 std::vector<std::unique_ptr<Communicator>> with_modelled_link(
-    std::vector<std::unique_ptr<Communicator>> group, const LinkModel& link);
+    std::vector<std::unique_ptr<Communicator>>&& group, const LinkModel& link);
 
 }  // namespace lockstep::comm
