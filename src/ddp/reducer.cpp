@@ -18,6 +18,7 @@
 // step is given back in the next instead of being lost.
 #include "lockstep/ddp/reducer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -235,6 +236,12 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   s.next = 0;
   s.error = nullptr;
   s.in_step = true;
+}
+
+void Reducer::discard_error_feedback() {
+  State& s = *state_;
+  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::discard_error_feedback() inside a step; call it after finish_step()");
+  std::fill(s.residual.begin(), s.residual.end(), 0.0f);
 }
 
 void Reducer::mark_ready(std::size_t tensor) {

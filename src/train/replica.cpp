@@ -343,6 +343,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
     if (!guards.skip_step(step, reduced_nonfinite_sentinel(grads), nonfinite, grads, out)) {
       optimizer->step_and_zero_grads(params, grads, lr);
+    } else {
+      reducer.discard_error_feedback();  // a skipped gradient's rounding must not reach the next step
     }
     guards.maybe_flip_bit(step, params, buffers);
     const auto t_optimizer_end = Clock::now();

@@ -268,6 +268,37 @@ TEST(Reducer, ErrorFeedbackCarriesTheRoundingToTheNextStep) {
   EXPECT_NE(applied[0], 1.0 * steps) << "without error feedback every step would round to 1";
 }
 
+// A skipped step's rounding error is forgotten: the next step sends what a
+// fresh reducer would. A huge gradient that forced a skip (an overflow) left
+// 2^-8 of itself in the residual, to poison the step after.
+TEST(Reducer, ASkippedStepLeavesNoErrorFeedbackBehind) {
+  const int n = 2;
+  const float g = 1.0f + std::ldexp(1.0f, -10);  // between two bf16 values: a residual
+  std::vector<float> after_discard(4), fresh(4);
+  rethrow_first(run_ranks(n, [&](comm::Communicator& comm) {
+    std::vector<float> grads(4);
+    const std::vector<std::size_t> numels = {4};
+    Reducer reducer(comm, grads, numels, {.compression = Compression::Bf16});
+    const auto step = [&](float value) {
+      std::fill(grads.begin(), grads.end(), value);
+      reducer.begin_step(1, n);
+      reducer.mark_ready(0);
+      reducer.finish_step();
+    };
+    step(3e36f);  // skipped by the trainer
+    reducer.discard_error_feedback();
+    step(g);
+    if (comm.rank() == 0) after_discard = grads;
+    Reducer other(comm, grads, numels, {.compression = Compression::Bf16});
+    std::fill(grads.begin(), grads.end(), g);
+    other.begin_step(1, n);
+    other.mark_ready(0);
+    other.finish_step();
+    if (comm.rank() == 0) fresh = grads;
+  }));
+  EXPECT_EQ(after_discard, fresh);
+}
+
 TEST(Reducer, LayoutMismatchIsRejectedOnEveryRank) {
   const auto errors = run_ranks(3, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel());

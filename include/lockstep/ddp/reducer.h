@@ -123,6 +123,10 @@ class Reducer {
   void mark_ready(std::size_t tensor);
   // Rethrows the communication thread's error, if any (the group is then aborted).
   const StepTiming& finish_step();
+  // The step's gradients were not applied (every replica skipped it): with
+  // bf16 compression, forgets the rounding error kept for the next step
+  // (Note [Error feedback]), which came from them. Between steps only.
+  void discard_error_feedback();
 
  private:
   struct State;
