@@ -7,12 +7,19 @@
 
 namespace lockstep::cli {
 
-// The memory this host has free (MemAvailable), or 0 if unknown.
+// The memory this host has free: LOCKSTEP_MEMORY_AVAILABLE (bytes) if set,
+// else MemAvailable, or 0 if unknown.
 double available_memory_bytes();
 
-// load_image_classification with the free memory as its budget: a data set
-// that would not fit is refused, naming the file, instead of being ended
-// part way by the kernel's OOM killer.
-data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize = false);
+// load_image_classification with the free memory as its budget, shared by
+// `processes_here` processes that each load their own copy (the ranks of a
+// group on this host): a data set that would not fit is refused, naming the
+// file, instead of being ended part way by the kernel's OOM killer.
+data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize = false,
+                                        int processes_here = 1);
+
+// The processes of a group on this host as the launcher says
+// (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE), or 1 if it does not.
+int processes_on_this_host();
 
 }  // namespace lockstep::cli

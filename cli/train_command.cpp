@@ -66,8 +66,9 @@ struct TrainFlags {
 // replica and step but the first), for `lockstep plan --profile`.
 cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r) {
   std::map<int, std::vector<double>> forward, backward;
-  // --deterministic computes a micro-batch atom by atom: its events are summed
-  // per replica, step and layer, so that each time is the micro-batch's.
+  // --deterministic computes a step's micro-batches atom by atom: its events
+  // are summed per replica, step and layer, and divided by --accumulate, so
+  // that each time is one micro-batch's.
   std::map<std::tuple<int, std::int64_t, int, bool>, double> per_micro_batch;
   for (const auto& e : r.timeline) {
     if (e.layer < 0 || e.step == 0) continue;
@@ -79,7 +80,7 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
       (fwd ? forward : backward)[e.layer].push_back(ms);
   }
   for (const auto& [key, ms] : per_micro_batch)
-    (std::get<3>(key) ? forward : backward)[std::get<2>(key)].push_back(ms);
+    (std::get<3>(key) ? forward : backward)[std::get<2>(key)].push_back(ms / double(c.accumulate));
   cost::Profile p;
   p.model = r.model_description;
   p.replicas = int(r.replicas);
@@ -319,7 +320,7 @@ int run_train(TrainFlags& f) {
 
   // Every rank loads the data (and --init) itself, before the rendezvous:
   // no collective timeout runs yet, so a slow disk cannot trip one.
-  const auto data = load_data(f.data_dir, f.normalize);
+  const auto data = load_data(f.data_dir, f.normalize, in_group ? processes_on_this_host() : 1);
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     nn::LoadedState state = nn::load_state(f.init_file, model->layout(), model->buffer_layout());

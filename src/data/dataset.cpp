@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "lockstep/data/idx.h"
@@ -46,12 +47,32 @@ std::string type_hex(std::uint8_t code) {
   return std::string("0x") + kDigits[code >> 4] + kDigits[code & 15];
 }
 
+// The bytes still free for the data; none: no limit.
+using Budget = std::optional<double>;
+
+// A header check for read_idx: the file's data, `per_byte` bytes of memory
+// for each byte it holds (5 for images: the byte read and its float32), must
+// fit in what is left of `budget`, before any of it is read. A small gzip file
+// can hold gigabytes; past the budget the kernel's OOM killer would end the
+// run without a word.
+IdxHeaderCheck within(Budget& budget, const fs::path& path, double per_byte) {
+  return [&budget, path, per_byte](const IdxArray& header, std::uint64_t data_bytes) {
+    if (!budget) return;
+    const double need = per_byte * double(data_bytes);
+    if (need > *budget) {
+      throw InvalidArgument(path.string() + ": its " + std::to_string(header.dims[0]) + " entries take " +
+                            std::to_string(static_cast<long long>(need / 1e6)) + " MB in memory, more than the " +
+                            std::to_string(static_cast<long long>(std::max(0.0, *budget) / 1e6)) +
+                            " MB left free for the data; give --data a smaller data set.");
+    }
+    *budget -= need;
+  };
+}
+
 // Reads an image file and a label file into a Dataset of pixel / 255 values.
 // num_classes is left at 0 for the caller to set.
-// `budget`: the bytes still free for the data (0: no limit), less what
-// this pair takes.
-Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, double& budget) {
-  const IdxArray images = read_idx(images_path);
+Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, Budget& budget) {
+  const IdxArray images = read_idx(images_path, within(budget, images_path, 5));
   if (images.type_code != kUnsignedByte) {
     fail(images_path,
          "images must be unsigned bytes (IDX type 0x08) but the type is " + type_hex(images.type_code));
@@ -60,7 +81,7 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, doub
     fail(images_path, "images need at least 2 dimensions (count, then pixels) but the file has " +
                           std::to_string(images.dims.size()));
   }
-  const IdxArray labels = read_idx(labels_path);
+  const IdxArray labels = read_idx(labels_path, within(budget, labels_path, 5));
   if (labels.type_code != kUnsignedByte) {
     fail(labels_path,
          "labels must be unsigned bytes (IDX type 0x08) but the type is " + type_hex(labels.type_code));
@@ -75,21 +96,6 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, doub
                   " labels; the counts must match");
   }
 
-  // The pixels become floats: 4 bytes each, beside the bytes read. A small
-  // gzip file can hold gigabytes of them; past the budget the kernel's OOM
-  // killer would end the run without a word.
-  const double need = 4.0 * double(images.bytes.size());
-  if (budget > 0) {
-    budget -= double(images.bytes.size() + labels.bytes.size());
-    if (need > budget) {
-      throw InvalidArgument(images_path.string() + ": its " + std::to_string(images.dims[0]) + " images take " +
-                            std::to_string(static_cast<long long>(need / 1e6)) +
-                            " MB as float32, more than the " +
-                            std::to_string(static_cast<long long>(std::max(0.0, budget) / 1e6)) +
-                            " MB of memory left free; give --data a smaller data set.");
-    }
-    budget -= need;
-  }
   Dataset set;
   set.size = images.dims[0];
   set.features = static_cast<std::int64_t>(images.bytes.size()) / set.size;
@@ -143,7 +149,8 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
 
   ImageClassificationData data;
   data.dir = dir;
-  double budget = options.memory_budget_bytes;
+  Budget budget;
+  if (options.memory_budget_bytes > 0) budget = options.memory_budget_bytes;
   data.train = load_pair(train_images, train_labels, budget);
   data.test = load_pair(test_images, test_labels, budget);
   if (data.train.shape != data.test.shape) {

@@ -250,7 +250,7 @@ void check_no_trailing(ByteSource& src, const fs::path& path, std::uint64_t data
 }
 
 // Parses header and data from `src`, throwing IoError on any IDX-level defect.
-IdxArray parse_idx(ByteSource& src, const fs::path& path) {
+IdxArray parse_idx(ByteSource& src, const fs::path& path, const IdxHeaderCheck& before_data) {
   std::array<std::uint8_t, 4> magic{};
   const std::size_t got_magic = src.read(magic.data(), magic.size());
   if (got_magic == 0) {
@@ -323,6 +323,7 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
                      std::to_string(data_bytes) + " data bytes the header promises");
     }
   }
+  if (before_data) before_data(out, data_bytes);
   out.bytes = read_data(src, path, data_bytes);
   check_no_trailing(src, path, data_bytes);
   return out;
@@ -330,10 +331,10 @@ IdxArray parse_idx(ByteSource& src, const fs::path& path) {
 
 }  // namespace
 
-IdxArray read_idx(const std::filesystem::path& path) {
+IdxArray read_idx(const std::filesystem::path& path, const IdxHeaderCheck& before_data) {
   ByteSource src(path);
   try {
-    return parse_idx(src, path);
+    return parse_idx(src, path, before_data);
   } catch (const IoError&) {
     // A damaged gzip stream can surface first as a bad IDX header or size;
     // report the root cause if the rest of the stream shows it.

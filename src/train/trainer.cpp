@@ -111,9 +111,15 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
   for (const auto& f : c.inject) {
     // A fault no guard could see would show nothing: refused, as same-seed.
+    const char* flip = f.kind == Fault::Kind::BufferBitFlip ? "bitflip-buffer" : "bitflip";
+    if (f.kind == Fault::Kind::BufferBitFlip && c.model != "cnn") {
+      throw InvalidArgument("--inject bitflip-buffer needs a model with buffers (--model cnn); --model " + c.model +
+                            " has none.");
+    }
     if ((f.kind == Fault::Kind::BitFlip || f.kind == Fault::Kind::BufferBitFlip) && c.replicas < 2) {
-      throw InvalidArgument("--inject bitflip needs 2 or more replicas: with one, there is no other replica for the "
-                            "divergence detector to compare it with.");
+      throw InvalidArgument(std::string("--inject ") + flip +
+                            " needs 2 or more replicas: with one, there is no other replica for the divergence "
+                            "detector to compare it with.");
     }
     if (f.kind == Fault::Kind::BufferBitFlip && c.bn_stats == BnStats::Local && !c.deterministic) {
       throw InvalidArgument("--inject bitflip-buffer needs --bn-stats sync (or --deterministic): with local "

@@ -311,8 +311,11 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       << huge.output;
   // Activations too: one replica's 7500 samples x 200794 floats through a
   // Linear of 100000 is ~6 GB, x 8 replicas ~48 GB; its weights ~1 GB each.
+  // With 20 GB free, whatever this machine has (LOCKSTEP_MEMORY_AVAILABLE).
+  ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "2e10", 1);
   const CliRun wide = run("train --data " + make_data_dir("cli_wide", 60000).string() +
                           " --micro-batch 7500 --hidden 100000 --steps 1");
+  ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
   EXPECT_EQ(wide.code, 2) << wide.output;
   EXPECT_NE(wide.output.find("GB for 8 replicas' activations of 7500 samples each"), std::string::npos)
       << wide.output;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <functional>
 #include <vector>
 
 namespace lockstep::data {
@@ -46,7 +47,12 @@ std::size_t idx_element_size(std::uint8_t type_code);
 // such even when it first shows up as a bad IDX header or size. Memory use is
 // bounded by the bytes actually present: a hostile header never causes a large
 // allocation.
-IdxArray read_idx(const std::filesystem::path& path);
+//
+// `before_data`, if given, sees the header (type code and dims, no bytes yet)
+// and the data's size before anything is read or allocated; what it throws
+// goes to the caller (a budget for memory, say).
+using IdxHeaderCheck = std::function<void(const IdxArray& header, std::uint64_t data_bytes)>;
+IdxArray read_idx(const std::filesystem::path& path, const IdxHeaderCheck& before_data = {});
 
 // Writes an IDX file (gzip-compressed if `gzip`), replacing any existing file.
 // `bytes` is the raw big-endian element data, as in IdxArray::bytes.

@@ -270,10 +270,12 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   }
   nodes_ = detail::number_nodes(hosts);
 
+  if (size == 1) return;  // no peer to connect to
   DeadlineWatch watch(*this, deadline);
   const auto timed_out = [&](int i, const std::string& how) {
     return TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
-                        std::to_string(i) + " at " + peer_addresses_[i] + how);
+                        std::to_string(i) + " at " + peer_addresses_[i] + how + "; check that rank " +
+                        std::to_string(i) + " runs and can be reached there, or raise --rendezvous-timeout.");
   };
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -299,7 +301,11 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     }
   }
   // Connected, unless the deadline came in the last moment and closed them.
-  if (watch.stop()) throw timed_out(size - 1 == rank ? size - 2 : size - 1, ": the deadline came as it connected");
+  if (watch.stop()) {
+    throw TimeoutError("rendezvous " + store.address() + ": " + me +
+                       " connected to its peers just as the deadline came, which closed the connections; raise "
+                       "--rendezvous-timeout.");
+  }
 }
 
 int Mesh::peer_named_in(const std::string& what) const {
