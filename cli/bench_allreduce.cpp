@@ -144,7 +144,7 @@ int run(const Flags& f) {
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const bool threads = backend_of(f.group) == comm::Backend::Threads;
   check_group_flags(*f.cmd, f.group);
-  check_nodes(f.group, f.replicas, algorithm, /*modelled_link=*/false);
+  check_nodes(f.group, f.replicas, algorithm, /*modelled_link=*/std::nullopt);
   if (threads && algorithm == comm::Algorithm::Native) {  // before anything is measured or printed
     throw InvalidArgument("the native all-reduce is a transport library's (Gloo's, MPI_Allreduce): give --backend "
                           "gloo or mpi with it; the threads backend's own is --algorithm shared_memory.");

@@ -41,7 +41,7 @@ CLI::Validator number_in(double lo, double hi) {
 
 CLI::Validator not_empty() {
   return CLI::Validator(
-      [](std::string& text) -> std::string { return text.empty() ? "expected a value, got an empty string" : ""; },
+      [](std::string& text) -> std::string { return text.empty() ? "needs a value; leave the flag out for its default" : ""; },
       "TEXT");
 }
 

@@ -17,19 +17,28 @@ namespace {
 namespace fs = std::filesystem;
 
 // The same file by any path, as write_file_atomically sees each: one inode
-// if both exist (a pipe too: /dev/stdout twice into `| cat` is one stream;
-// not a device such as /dev/null, where two outputs harm nothing), else
-// where their links lead (output_target: a dangling link writes the file it
-// names), normalised.
+// if both exist, else where their links lead (output_target: a dangling link
+// writes the file it names), normalised. A device other than this process's
+// own stdout or stderr (/dev/null) is no one's file: two outputs there harm
+// nothing. One stream (a pipe, stdout however it is connected) is: the
+// outputs would run together.
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
-  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
-    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !S_ISCHR(sa.st_mode) && !S_ISBLK(sa.st_mode);
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) {
+    const bool device = (S_ISCHR(sa.st_mode) || S_ISBLK(sa.st_mode)) && standard_stream_of(sa) < 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !device;
+  }
   std::error_code ec;
   // Absolute first: weakly_canonical resolves only the part that exists, so
   // "./x" (whose "." exists) and "x" (nothing exists) would come out apart.
   return fs::weakly_canonical(fs::absolute(output_target(a)), ec) ==
          fs::weakly_canonical(fs::absolute(output_target(b)), ec);
+}
+
+// A stream, which both outputs would be appended to, not a file one replaces.
+bool is_stream(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || standard_stream_of(st) >= 0);
 }
 
 void check_writable(const NamedFile& out) {
@@ -77,7 +86,9 @@ void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<Name
     for (std::size_t j = 0; j < i; ++j) {
       if (!outputs[j].path.empty() && same_file(out.path, outputs[j].path)) {
         throw InvalidArgument(outputs[j].flag + " and " + out.flag + " both name " + out.path +
-                              ", and the second would overwrite the first; give each its own file.");
+                              (is_stream(out.path) ? ", one stream, where the two would run together"
+                                                   : ", and the second would overwrite the first") +
+                              "; give each its own file.");
       }
     }
     for (const NamedFile& in : inputs) {

@@ -224,25 +224,34 @@ Action add_plan_command(CLI::App& app) {
       "(no training; docs/cost-model.md)");
   cmd->option_defaults()->always_capture_default();
   cmd->add_option("--model", f->model, "Built-in model")
-                     ->check(CLI::IsMember({"mlp", "resnet50", "resnet101", "inception3", "vgg16"}));
-  cmd->add_option("--hidden", f->hidden, "Hidden layer widths of the MLP");
+                     ->check(CLI::IsMember({"mlp", "resnet50", "resnet101", "inception3", "vgg16"}))
+      ->check(not_empty());
+  cmd->add_option("--hidden", f->hidden, "Hidden layer widths of the MLP")
+      ->check(not_empty());
   cmd->add_option("--profile", f->profile_file,
                   "A measured profile (JSON, per-layer parameter bytes and forward/backward ms) instead of a "
-                  "built-in model");
+                  "built-in model")
+      ->check(not_empty());
   cmd->add_option("--params", f->params,
-                  "Instead of a model: this many parameters (e.g. 25.6M), with --compute-ms");
+                  "Instead of a model: this many parameters (e.g. 25.6M), with --compute-ms")
+      ->check(not_empty());
   cmd->add_option("--compute-ms", f->compute_ms,
                   "One replica's compute per step (forward + backward + optimizer) at --micro-batch, in ms; "
                   "rescales the model's compute")
       ->check(number_in(1e-6, 1e12));  // 1 ns at least: 1e-300 gave samples/s of 300 digits
   cmd->add_option("--device", f->device, "Device preset (default: cpu for the MLP, v100 for the CNNs)")
-      ->check(CLI::IsMember({"cpu", "p100", "v100", "a100"}));
-  cmd->add_option("--device-flops", f->device_flops, "Achieved FLOP/s of one device, e.g. 60G or 6.3T");
-  cmd->add_option("--device-memory", f->device_memory, "Memory of one device, e.g. 16GB or 80GiB");
+      ->check(CLI::IsMember({"cpu", "p100", "v100", "a100"}))
+      ->check(not_empty());
+  cmd->add_option("--device-flops", f->device_flops, "Achieved FLOP/s of one device, e.g. 60G or 6.3T")
+      ->check(not_empty());
+  cmd->add_option("--device-memory", f->device_memory, "Memory of one device, e.g. 16GB or 80GiB")
+      ->check(not_empty());
   cmd->add_option(
       "--link-bandwidth", f->link_bandwidth,
-      "Bandwidth between nodes (each replica is a node unless --per-node), e.g. 10Gbit or 12.5GB/s");
-  cmd->add_option("--link-latency", f->link_latency, "Latency per message between nodes, e.g. 50us");
+      "Bandwidth between nodes (each replica is a node unless --per-node), e.g. 10Gbit or 12.5GB/s")
+      ->check(not_empty());
+  cmd->add_option("--link-latency", f->link_latency, "Latency per message between nodes, e.g. 50us")
+      ->check(not_empty());
   cmd->add_option("--per-node", f->per_node, "Replicas per node (they share the node's link)")
       ->transform(whole_number_in(1, 1024));
   cmd->add_option("--nodes", f->nodes, "Nodes: plan 1 replica and per-node x 1, 2, 4 ... nodes replicas")
@@ -254,17 +263,22 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--host-latency", f->host_latency,
                   "Software cost of handing one message to the next rank, per all-reduce round, on top of "
                   "the link's latency, e.g. 16us (lockstep bench allreduce --algorithm ring --sizes 4K "
-                  "measures it)");
-  cmd->add_option("--intra-bandwidth", f->intra_bandwidth, "Bandwidth between replicas of one node");
-  cmd->add_option("--intra-latency", f->intra_latency, "Latency per message between replicas of one node");
+                  "measures it)")
+      ->check(not_empty());
+  cmd->add_option("--intra-bandwidth", f->intra_bandwidth, "Bandwidth between replicas of one node")
+      ->check(not_empty());
+  cmd->add_option("--intra-latency", f->intra_latency, "Latency per message between replicas of one node")
+      ->check(not_empty());
   f->replicas_opt = cmd->add_option("--replicas", f->replicas,
-                                    "Replica counts: a list (1,2,4,8) or a doubling range (1-64)");
+                                    "Replica counts: a list (1,2,4,8) or a doubling range (1-64)")
+      ->check(not_empty());
   f->micro_batch_opt = cmd->add_option("--micro-batch", f->micro_batch, "Samples per replica per micro-step")
                            ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 24));
   cmd->add_option("--accumulate", f->accumulate, "Micro-steps per optimizer step, one all-reduce each step")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--optimizer", f->optimizer, "Optimizer (its state: 0, 1 or 2 x the parameters)")
-      ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
+      ->check(CLI::IsMember({"sgd", "momentum", "adamw"}))
+      ->check(not_empty());
   cmd->add_option(
          "--algorithm", f->algorithm,
          "All-reduce algorithm (best: the cheapest per bucket; auto: what `lockstep train` does over a "
@@ -289,7 +303,8 @@ Action add_plan_command(CLI::App& app) {
                   "synchronous step waits for the slowest replica (0: all equal)")
       ->check(number_in(0.0, 1.0));
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
-      ->check(CLI::IsMember({"none", "bf16"}));
+      ->check(CLI::IsMember({"none", "bf16"}))
+      ->check(not_empty());
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")
       ->check(number_in(0.0, 1e12));
   cmd->add_option("--critical-batch", f->critical_batch,
@@ -302,7 +317,8 @@ Action add_plan_command(CLI::App& app) {
       ->check(number_in(0.0, 1e6));
   cmd->add_flag("--json", f->json, "Print JSON instead of the table");
   cmd->add_option("--svg", f->svg_file,
-                  "Also plot efficiency and cost per sample against replicas to this SVG file");
+                  "Also plot efficiency and cost per sample against replicas to this SVG file")
+      ->check(not_empty());
   cmd->add_flag("--published", f->published,
                 "Print the model's predictions beside published scaling results");
   return [f, cmd] {

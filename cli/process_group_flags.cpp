@@ -58,7 +58,8 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
       ->default_str("");
 }
 
-void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algorithm, bool modelled_link) {
+void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algorithm,
+                 std::optional<bool> modelled_link) {
   const bool threads = backend_of(f) == comm::Backend::Threads;
   if (f.per_node > 0 && !threads) {
     throw InvalidArgument("--per-node groups in-process replicas (--backend threads); a " + f.backend +
@@ -71,12 +72,13 @@ void check_nodes(const ProcessGroupFlags& f, int replicas, comm::Algorithm algor
   // Only the hierarchical all-reduce reads the nodes: auto picks it for large
   // buffers over a modelled link, and in-process without one the shared-memory path.
   if (threads && f.per_node > 0 && algorithm != comm::Algorithm::Hierarchical &&
-      !(algorithm == comm::Algorithm::Auto && modelled_link)) {
-    throw InvalidArgument(std::string("--per-node is read only by the hierarchical all-reduce (--algorithm "
-                                      "hierarchical, or auto over a modelled --link-bandwidth/--link-latency); "
-                                      "with --algorithm ") +
-                          comm::to_string(algorithm) + (modelled_link ? "" : " and no modelled link") +
-                          " it would be ignored. Drop it, or give --algorithm hierarchical.");
+      !(algorithm == comm::Algorithm::Auto && modelled_link.value_or(false))) {
+    throw InvalidArgument(
+        std::string("--per-node is read only by the hierarchical all-reduce (--algorithm hierarchical") +
+        (modelled_link ? ", or auto over a modelled --link-bandwidth/--link-latency" : "") +
+        "); with --algorithm " + comm::to_string(algorithm) +
+        (modelled_link && !*modelled_link ? " and no modelled link" : "") +
+        " it would be ignored. Drop it, or give --algorithm hierarchical.");
   }
   if (threads && f.per_node == 0 && algorithm == comm::Algorithm::Hierarchical) {
     throw InvalidArgument("--algorithm hierarchical needs to know which replicas share a node: give --per-node G "

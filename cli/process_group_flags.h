@@ -12,6 +12,8 @@
 // and LOCKSTEP_RENDEZVOUS_TIMEOUT (what `lockstep launch` sets).
 #pragma once
 
+#include <optional>
+
 #include <CLI/CLI.hpp>
 #include <iosfwd>
 #include <memory>
@@ -45,7 +47,9 @@ comm::Backend backend_of(const ProcessGroupFlags& flags);  // throws InvalidArgu
 // anything runs: in-process replicas know their nodes only from --per-node
 // (a process group finds them from host names), and the hierarchical
 // all-reduce needs them; and --per-node where nothing reads it is refused.
-void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm, bool modelled_link);
+// `modelled_link`: whether the command models a link, if it can model one.
+void check_nodes(const ProcessGroupFlags& flags, int replicas, comm::Algorithm algorithm,
+                 std::optional<bool> modelled_link);
 // With --backend threads, the flags that only a group of processes uses
 // (--rank, --rendezvous, --secret-file, ...) are refused, naming the flag.
 void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& flags);

@@ -313,9 +313,9 @@ int run_train(TrainFlags& f) {
   for (const auto& spec : f.inject) c.inject.push_back(train::fault_from_string(spec));
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
   const bool in_group = backend_of(f.group) != comm::Backend::Threads;
+  check_flag_combinations(f);
   check_nodes(f.group, c.replicas, c.algorithm, c.link.enabled());
   c.ranks_per_node = f.group.per_node;
-  check_flag_combinations(f);
   if (!in_group) check_outputs(f);
 
   // Every rank loads the data (and --init) itself, before the rendezvous:

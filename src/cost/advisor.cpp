@@ -312,9 +312,8 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
       if (!pays(far, o)) beyond = static_cast<int>(n);
     }
     rec.summary = strf(
-        "Data parallelism pays at every listed count, up to %d replicas (efficiency %.2f, %.3g per "
-        "million samples).",
-        last.replicas, last.efficiency, last.cost_per_million_useful_samples);
+        "Data parallelism pays at every listed count, up to %d replicas (efficiency %.2f, %.3g %s).",
+        last.replicas, last.efficiency, last.cost_per_million_useful_samples, per_million(o.critical_batch > 0));
     if (beyond > 0)
       rec.summary += strf(" By this model it stops paying at about %d replicas: %s", beyond,
                           why_text(profile, o, far).c_str());
@@ -339,11 +338,11 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
                   ? strf(" Instead: %s (%s).", best->name.c_str(), best->detail.c_str())
                   : strf(
                         " First of the remedies (those that pay first, then by cost per useful sample)%s: %s "
-                        "(efficiency %.2f, %.3g per million samples, %s samples/s).",
+                        "(efficiency %.2f, %.3g %s, %s samples/s).",
                         best->replicas == failing->replicas ? (" at " + replicas_text(failing->replicas)).c_str()
                                                             : "",
                         best->name.c_str(), best->efficiency,
-                        best->cost_per_million_useful_samples, rate_text(best->samples_per_s).c_str());
+                        best->cost_per_million_useful_samples, per_million(o.critical_batch > 0), rate_text(best->samples_per_s).c_str());
     if (!best->fits) {  // then none is the cheapest of anything: say what the least need is
       const Alternative* least = &rec.ranked.front();
       for (const Alternative& a : rec.ranked)
@@ -381,16 +380,18 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
   if (rec.max_replicas == 1) {
     rec.summary =
         strf(
-            "Only one replica pays as planned (%.3g per million samples). At %d replicas the "
+            "Only one replica pays as planned (%.3g %s). At %d replicas the "
             "efficiency %s: %s",
-            ok.cost_per_million_useful_samples, failing->replicas, falls.c_str(), rec.why_text.c_str()) +
+            ok.cost_per_million_useful_samples, per_million(o.critical_batch > 0), failing->replicas,
+            falls.c_str(), rec.why_text.c_str()) +
         instead;
     return rec;
   }
   rec.summary = strf(
-                    "Use up to %d replicas (efficiency %.2f, %.3g per million samples). At %d the efficiency "
+                    "Use up to %d replicas (efficiency %.2f, %.3g %s). At %d the efficiency "
                     "%s: %s",
-                    ok.replicas, ok.efficiency, ok.cost_per_million_useful_samples, failing->replicas,
+                    ok.replicas, ok.efficiency, ok.cost_per_million_useful_samples,
+                    per_million(o.critical_batch > 0), failing->replicas,
                     falls.c_str(), rec.why_text.c_str()) +
                 instead;
   return rec;

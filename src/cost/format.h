@@ -35,6 +35,9 @@ inline std::string memory_text(double b) {
 // plan's 2.4 samples/s is not "2").
 inline std::string rate_text(double v) { return v >= 100 ? strf("%.0f", v) : strf("%.3g", v); }
 
+// The cost's unit: per useful sample once a critical batch discounts them.
+inline const char* per_million(bool useful) { return useful ? "per million useful samples" : "per million samples"; }
+
 inline std::string ms_text(double ms) {
   if (ms >= 1000) return strf("%.2f s", ms / 1000);
   if (ms >= 10) return strf("%.0f ms", ms);

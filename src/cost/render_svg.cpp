@@ -142,8 +142,9 @@ std::string plan_svg(const Plan& plan) {
   s += strf(
       "<rect x=\"%.0f\" y=\"%.0f\" width=\"7\" height=\"7\" fill=\"#d95f02\"/><text x=\"%.0f\" "
       "y=\"%.0f\">cost "
-      "per million samples (price %.3g per device-hour)</text>\n",
-      kLeft + 250, ly - 8, kLeft + 262, ly, plan.options.price_per_device_hour);
+      "%s (price %.3g per device-hour)</text>\n",
+      kLeft + 250, ly - 8, kLeft + 262, ly, detail::per_million(plan.options.critical_batch > 0),
+      plan.options.price_per_device_hour);
   s += "</svg>\n";
   return s;
 }

@@ -110,8 +110,9 @@ std::string plan_table(const Plan& plan) {
       if (a.outline)
         t += strf("  %d. %s: %s%s\n", i, a.name.c_str(), a.detail.c_str(), a.fits ? "" : " (does not fit)");
       else
-        t += strf("  %d. %s: efficiency %.2f, %.4g per million samples, %s samples/s%s\n", i,
-                  a.name.c_str(), a.efficiency, a.cost_per_million_useful_samples, rate_text(a.samples_per_s).c_str(),
+        t += strf("  %d. %s: efficiency %.2f, %.4g %s, %s samples/s%s\n", i, a.name.c_str(), a.efficiency,
+                  a.cost_per_million_useful_samples, detail::per_million(o.critical_batch > 0),
+                  rate_text(a.samples_per_s).c_str(),
                   a.fits ? "" : " (does not fit)");
     }
   }

@@ -107,7 +107,7 @@ class ByteSource {
   ByteSource& operator=(const ByteSource&) = delete;
 
   bool gzip() const { return gzip_; }
-  // Total size of a plain regular file; empty for gzip or special files.
+  // Total size of a plain file; empty for gzip (only regular files are opened).
   std::optional<std::uint64_t> plain_size() const { return plain_size_; }
   const char* stream_name() const { return gzip_ ? "the decompressed stream" : "the file"; }
 

@@ -135,7 +135,11 @@ bool has_nonfinite(std::span<const float> values, float limit) {
   // |v| > limit, NaN and infinities included: without the sign bit, a
   // float's bits order as its magnitude, and inf and NaN order above every
   // finite value. An integer test, so it vectorises.
-  const std::uint32_t most = std::bit_cast<std::uint32_t>(std::fabs(limit));
+  // At most FLT_MAX, so that infinities and NaN are always flagged (an
+  // infinite or NaN limit means no limit but that).
+  const float bound = std::isnan(limit) ? std::numeric_limits<float>::max()
+                                        : std::min(std::fabs(limit), std::numeric_limits<float>::max());
+  const std::uint32_t most = std::bit_cast<std::uint32_t>(bound);
   std::uint32_t bad = 0;
   for (float v : values) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(v) & 0x7fffffffu) > most);
   return bad != 0;

@@ -199,8 +199,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
 
     bool nonfinite = false;  // in this replica's own gradient, before the all-reduce
     // Past this magnitude a local gradient could overflow the sum over the
-    // replicas (or the atoms): counted as non-finite (Note [Non-finite sentinel]).
-    const float overflow = overflow_limit(std::max<std::int64_t>(n, shard.global_count));
+    // replicas (the reducer's weights add up to n), or over the step's atoms
+    // (--deterministic): counted as non-finite (Note [Non-finite sentinel]).
+    const float overflow =
+        overflow_limit(c.deterministic ? (shard.global_count + c.atom - 1) / std::max<std::int64_t>(1, c.atom) : n);
     bool inject_nan = guards.injects(Fault::Kind::NaN, step);
     double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
     auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced

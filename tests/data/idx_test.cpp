@@ -1,11 +1,14 @@
 #include "lockstep/data/idx.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
@@ -181,7 +184,13 @@ TEST_F(IdxTest, DirectoryIsNotAFile) {
 TEST_F(IdxTest, AFifoIsRefusedNotWaitedOn) {
   const fs::path fifo = dir_ / "fifo-idx1-ubyte";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  expect_read_error(fifo, {"not a regular file"});
+  auto read = std::async(std::launch::async, [&] { expect_read_error(fifo, {"not a regular file"}); });
+  if (read.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "read_idx waited on the FIFO";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // a writer, then EOF: the read ends
+    if (fd >= 0) ::close(fd);
+  }
+  read.wait();
 }
 
 TEST_F(IdxTest, EmptyFileAndEmptyGzip) {

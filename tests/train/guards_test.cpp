@@ -213,6 +213,12 @@ TEST(SymmetricDecisions, ValuesThatCouldOverflowTheSumCountAsNonFinite) {
   EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{1, std::numeric_limits<float>::infinity()}, limit));
   EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{std::numeric_limits<float>::quiet_NaN()}, limit));
   EXPECT_FALSE(train::detail::has_nonfinite(std::vector<float>{3e38f}));  // no limit given: finite is fine
+  // An infinite or NaN limit still flags infinities and NaN.
+  for (const float no_limit : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{std::numeric_limits<float>::infinity()}, no_limit));
+    EXPECT_TRUE(train::detail::has_nonfinite(std::vector<float>{std::numeric_limits<float>::quiet_NaN()}, no_limit));
+    EXPECT_FALSE(train::detail::has_nonfinite(std::vector<float>{3e38f}, no_limit));
+  }
   // 16 values at the limit (8 replicas, weights adding up to 8, twice over) stay finite.
   float sum = 0;
   for (int i = 0; i < 16; ++i) sum += limit;
