@@ -30,15 +30,4 @@ data::ImageClassificationData load_data(const std::filesystem::path& dir, bool n
             .memory_budget_bytes = available_memory_bytes() / std::max(1, processes_here)});
 }
 
-int processes_on_this_host() {
-  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    const char* env = std::getenv(name);
-    if (env == nullptr || *env == '\0') continue;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (*end == '\0' && v >= 1 && v <= (1 << 20)) return static_cast<int>(v);
-  }
-  return 1;
-}
-
 }  // namespace lockstep::cli

@@ -18,8 +18,5 @@ double available_memory_bytes();
 data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize = false,
                                         int processes_here = 1);
 
-// The processes of a group on this host as the launcher says
-// (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE), or 1 if it does not.
-int processes_on_this_host();
 
 }  // namespace lockstep::cli

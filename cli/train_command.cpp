@@ -97,6 +97,17 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   return p;
 }
 
+// The group's ranks on this host that load their own copy of the data, as
+// the launcher says (train::local_world_size), when the world size is known
+// before the rendezvous (--world-size, WORLD_SIZE); else 1.
+int ranks_here_before_rendezvous(const ProcessGroupFlags& flags) {
+  comm::ProcessGroupOptions o;
+  o.rank = 0;  // not read from the environment here
+  o.world_size = flags.world_size;
+  const int world = comm::with_environment(o).world_size;
+  return world > 0 ? train::local_world_size(world) : 1;
+}
+
 // Fails before training, not after it, if an output cannot be written or
 // would destroy another output or one of the run's inputs.
 void check_outputs(const TrainFlags& f) {
@@ -320,7 +331,7 @@ int run_train(TrainFlags& f) {
 
   // Every rank loads the data (and --init) itself, before the rendezvous:
   // no collective timeout runs yet, so a slow disk cannot trip one.
-  const auto data = load_data(f.data_dir, f.normalize, in_group ? processes_on_this_host() : 1);
+  const auto data = load_data(f.data_dir, f.normalize, in_group ? ranks_here_before_rendezvous(f.group) : 1);
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     nn::LoadedState state = nn::load_state(f.init_file, model->layout(), model->buffer_layout());

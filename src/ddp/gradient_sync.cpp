@@ -1,6 +1,7 @@
 #include "lockstep/ddp/gradient_sync.h"
 
 #include "lockstep/error.h"
+#include "ragged_weight.h"
 
 namespace lockstep::ddp {
 
@@ -12,8 +13,7 @@ void average_gradients(comm::Communicator& comm, std::span<float> grads, std::in
                                 std::to_string(global_count) + " positive");
   }
   const std::int64_t n = comm.size();
-  if (static_cast<__int128>(local_count) * n != global_count) {  // ragged: weight by sample count
-    const float w = static_cast<float>(double(n) * double(local_count) / double(global_count));
+  if (const float w = detail::ragged_weight(local_count, n, global_count); w != 1.0f) {  // ragged
     for (float& g : grads) g *= w;
   }
   // Every rank must weight by the same global count: the fingerprint checks it.

@@ -28,6 +28,7 @@
 
 #include "lockstep/comm/bf16.h"
 #include "lockstep/error.h"
+#include "ragged_weight.h"
 
 namespace lockstep::ddp {
 namespace {
@@ -228,9 +229,7 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   for (std::size_t k = 0; k < s.buckets.size(); ++k) s.countdown[k] = s.buckets[k].tensors.size();
   std::fill(s.announced.begin(), s.announced.end(), 0);
   std::lock_guard lock(s.mu);
-  s.weight = static_cast<__int128>(local_count) * n == global_count  // no overflow for any count
-                 ? 1.0f
-                 : static_cast<float>(double(n) * double(local_count) / double(global_count));
+  s.weight = detail::ragged_weight(local_count, n, global_count);
   s.global_count = static_cast<std::uint64_t>(global_count);
   std::fill(s.ready.begin(), s.ready.end(), 0);
   s.next = 0;
