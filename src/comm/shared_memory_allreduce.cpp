@@ -138,21 +138,15 @@ void staged_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerpri
   finish(data, fp.op, n);
 }
 
-}  // namespace
-
-void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
-                             Duration timeout) {
-  if (data.size_bytes() <= kStagedMaxBytes) return staged_allreduce(hub, rank, data, fp, verify, timeout);
+// Reduces chunk `c` of every rank's published buffer (hub.slots) into chunk
+// c of the buffers `targets` (all ranks', or only this rank's).
+// 32 KiB blocks: the partial sum stays in L1, and each of the 2N streams a
+// block touches is long enough for the hardware prefetchers. Measured with
+// `lockstep bench allreduce` at N = 8: 4 KiB blocks reach 0.67 of memcpy
+// bandwidth at 64 MiB, 32 KiB blocks 0.9 (docs/results.md).
+void reduce_chunk(Hub& hub, int rank, std::size_t count, int c, ReduceOp op, std::span<float* const> targets) {
   const int n = hub.size();
-  const ReduceOp op = fp.op;
-  hub.slots[rank] = data.data();
-  publish_and_check(hub, rank, fp, verify, timeout);
-  const std::size_t count = data.size();
-  const std::size_t begin = chunk_begin(count, n, rank), end = chunk_begin(count, n, rank + 1);
-  // 32 KiB blocks: the partial sum stays in L1, and each of the 2N streams a
-  // block touches is long enough for the hardware prefetchers. Measured with
-  // `lockstep bench allreduce` at N = 8: 4 KiB blocks reach 0.67 of memcpy
-  // bandwidth at 64 MiB, 32 KiB blocks 0.9 (docs/results.md).
+  const std::size_t begin = chunk_begin(count, n, c), end = chunk_begin(count, n, c + 1);
   constexpr std::size_t kBlock = 8192;
   std::vector<float>& scratch = hub.tree_scratch[rank];  // acc, then one block per tree level
   if (scratch.size() < kBlock * (tree_levels(n) + 1)) scratch.resize(kBlock * (tree_levels(n) + 1));
@@ -165,13 +159,49 @@ void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fi
       tree_reduce(inputs.data(), 0, n, acc, acc + kBlock, len, op);
       finish({acc, len}, op, n);
     }
-    for (int j = 0; j < n; ++j) std::memcpy(hub.slots[j] + b, acc, len * sizeof(float));
+    for (float* t : targets) std::memcpy(t + b, acc, len * sizeof(float));
   }
+}
+
+}  // namespace
+
+void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
+                             Duration timeout) {
+  if (data.size_bytes() <= kStagedMaxBytes) return staged_allreduce(hub, rank, data, fp, verify, timeout);
+  hub.slots[rank] = data.data();
+  publish_and_check(hub, rank, fp, verify, timeout);
+  reduce_chunk(hub, rank, data.size(), rank, fp.op, hub.slots);
   // Note [Nobody leaves while others write]: past the first barrier every
   // rank writes into every other rank's buffer, so no rank may return (and
   // perhaps free its buffer) before all have finished. Phase 2 cannot block,
   // so this barrier ignores aborts and waits for everyone.
   hub.barrier(rank, timeout, fp, /*interruptible=*/false);
+}
+
+// The halves (sharded_collectives.cpp), each with the same two barriers: rank
+// r owns chunk (r+1) mod N, as after the ring's reduce-scatter. The
+// reduce-scatter writes only this rank's own buffer, but others read it until
+// the second barrier; the all-gather writes into everyone's.
+void shared_memory_reduce_scatter(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
+                                  Duration timeout) {
+  hub.slots[rank] = data.data();
+  publish_and_check(hub, rank, fp, verify, timeout);
+  float* const mine[] = {data.data()};
+  reduce_chunk(hub, rank, data.size(), (rank + 1) % hub.size(), fp.op, mine);
+  hub.barrier(rank, timeout, fp, /*interruptible=*/false);  // the others may still be reading this buffer
+}
+
+void shared_memory_all_gather(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
+                              Duration timeout) {
+  const int n = hub.size();
+  hub.slots[rank] = data.data();
+  publish_and_check(hub, rank, fp, verify, timeout);
+  const int c = (rank + 1) % n;
+  const std::size_t begin = chunk_begin(data.size(), n, c), end = chunk_begin(data.size(), n, c + 1);
+  for (int j = 0; j < n; ++j) {
+    if (j != rank && end > begin) std::memcpy(hub.slots[j] + begin, data.data() + begin, (end - begin) * sizeof(float));
+  }
+  hub.barrier(rank, timeout, fp, /*interruptible=*/false);  // Note [Nobody leaves while others write]
 }
 
 }  // namespace lockstep::comm::detail

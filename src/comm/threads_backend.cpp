@@ -14,6 +14,7 @@
 #include <deque>
 #include <mutex>
 
+#include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
 #include "threads_hub.h"
@@ -149,6 +150,24 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
     const std::uint64_t sent = (data.size() - chunk + chunk * (size_ - 1)) * sizeof(float);
     bytes_sent_ += sent;
     bytes_received_ += sent;
+  }
+  // Counted as allreduce() counts its two phases: the part of this buffer
+  // other ranks read, then this rank's chunk written into N-1 others.
+  void reduce_scatter(std::span<float> data, const Fingerprint& fp, bool verify) override {
+    detail::shared_memory_reduce_scatter(*hub_, rank_, data, fp, verify, timeout());
+    count_sent((data.size() - own_chunk(data.size())) * sizeof(float));
+  }
+  void all_gather(std::span<float> data, const Fingerprint& fp, bool verify) override {
+    detail::shared_memory_all_gather(*hub_, rank_, data, fp, verify, timeout());
+    count_sent(own_chunk(data.size()) * (size_ - 1) * sizeof(float));
+  }
+  std::size_t own_chunk(std::size_t count) const {
+    const auto [begin, end] = shard_range(count, rank_, size_);
+    return end - begin;
+  }
+  void count_sent(std::uint64_t bytes) {
+    bytes_sent_ += bytes;
+    bytes_received_ += bytes;
   }
 
   void check_peer(int peer, const char* what) const {

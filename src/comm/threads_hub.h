@@ -105,5 +105,10 @@ void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, bool verify, D
 inline constexpr std::size_t kStagedMaxBytes = std::size_t{16} << 10;
 void shared_memory_allreduce(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
                              Duration timeout);
+// Its two halves (comm::reduce_scatter_in_place, comm::all_gather_in_place).
+void shared_memory_reduce_scatter(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
+                                  Duration timeout);
+void shared_memory_all_gather(Hub& hub, int rank, std::span<float> data, const Fingerprint& fp, bool verify,
+                              Duration timeout);
 
 }  // namespace lockstep::comm::detail

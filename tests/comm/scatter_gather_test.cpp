@@ -2,9 +2,14 @@
 // sizes and counts.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
+
 #include "closed_form.h"
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
+#include "order_sensitive_inputs.h"
+#include "p2p_only.h"
 #include "run_ranks.h"
 
 namespace lockstep::comm {
@@ -45,6 +50,104 @@ TEST(AllGather, EveryRankGetsEveryBlockInRankOrder) {
         for (std::size_t i = 0; i < out.size(); ++i)
           ASSERT_EQ(out[i], closed_form::all_gather_expected(block, i)) << n << " " << i;
       }));
+    }
+  }
+}
+
+// The in-place halves (ZeRO-1), on both paths: the threads backend's shared
+// memory, and the ring over point-to-point messages only.
+struct InPlacePath {
+  const char* name;
+  bool ring;
+};
+constexpr InPlacePath kInPlacePaths[] = {{"shared memory", false}, {"ring", true}};
+
+void run_in_place(int n, bool ring, const std::function<void(Communicator&)>& body) {
+  rethrow_first(run_ranks(n, [&](Communicator& comm) {
+    if (!ring) return body(comm);
+    testing::PointToPointOnly p2p(comm);
+    body(p2p);
+  }));
+}
+
+TEST(ReduceScatterInPlace, EachRankOwnsTheNextChunkReduced) {
+  for (const auto& path : kInPlacePaths) {
+    for (int n = 1; n <= 9; ++n) {
+      for (std::size_t count : closed_form::reduce_scatter_counts(n)) {
+        for (auto op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+          run_in_place(n, path.ring, [&](Communicator& comm) {
+            std::vector<float> data = closed_form::reduce_scatter_inputs(comm.rank(), count);
+            reduce_scatter_in_place(comm, data, {.op = op});
+            const auto [b, e] = shard_range(count, comm.rank(), n);
+            ASSERT_EQ(b, closed_form::chunk_begin(count, n, (comm.rank() + 1) % n));
+            for (std::size_t i = b; i < e; ++i) {
+              ASSERT_FLOAT_EQ(data[i], closed_form::reduce_scatter_expected(op, n, i))
+                  << path.name << " n=" << n << " count=" << count << " i=" << i;
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(AllGatherInPlace, EveryChunkComesFromItsOwner) {
+  for (const auto& path : kInPlacePaths) {
+    for (int n = 1; n <= 9; ++n) {
+      for (std::size_t count : closed_form::reduce_scatter_counts(n)) {
+        run_in_place(n, path.ring, [&](Communicator& comm) {
+          // Rank r's own chunk holds 10 r + 1, everything else garbage (-r).
+          std::vector<float> data(count, -float(comm.rank()));
+          const auto [b, e] = shard_range(count, comm.rank(), n);
+          std::fill(data.begin() + b, data.begin() + e, float(10 * comm.rank() + 1));
+          all_gather_in_place(comm, data);
+          for (int owner = 0; owner < n; ++owner) {
+            const auto [ob, oe] = shard_range(count, owner, n);
+            for (std::size_t i = ob; i < oe; ++i)
+              ASSERT_EQ(data[i], float(10 * owner + 1)) << path.name << " n=" << n << " count=" << count << " i=" << i;
+          }
+        });
+      }
+    }
+  }
+}
+
+// Half and half make a whole: the reduced chunks are the same bits as the
+// same path's all-reduce (so a sharded step updates from the same gradient),
+// and the bytes sent add up to the all-reduce's.
+TEST(ScatterGatherInPlace, TheHalvesGiveTheAllReducesBitsAndBytes) {
+  const std::size_t count = 300000;  // past the shared-memory path's staged size
+  for (const auto& path : kInPlacePaths) {
+    for (int n : {2, 3, 8}) {
+      run_in_place(n, path.ring, [&](Communicator& comm) {
+        const auto input = testing::order_sensitive_inputs(7, comm.rank(), count);
+        std::vector<float> whole = input, halves = input;
+        const auto before = comm.stats().bytes_sent;
+        // Without the fingerprint exchange, which the two halves make twice.
+        allreduce(comm, whole,
+                  {.op = ReduceOp::Mean, .algorithm = path.ring ? Algorithm::Ring : Algorithm::Auto, .verify = false});
+        const auto allreduce_bytes = comm.stats().bytes_sent - before;
+        reduce_scatter_in_place(comm, halves, {.op = ReduceOp::Mean, .verify = false});
+        all_gather_in_place(comm, halves, {.verify = false});
+        const auto halves_bytes = comm.stats().bytes_sent - before - allreduce_bytes;
+        ASSERT_EQ(0, std::memcmp(whole.data(), halves.data(), count * sizeof(float))) << path.name << " n=" << n;
+        EXPECT_EQ(halves_bytes, allreduce_bytes) << path.name << " n=" << n;
+      });
+    }
+  }
+}
+
+TEST(ScatterGatherInPlace, OtherAlgorithmsAreRefusedOnEveryRank) {
+  auto errors = run_ranks(3, [](Communicator& comm) {
+    std::vector<float> data(30);
+    reduce_scatter_in_place(comm, data, {.algorithm = Algorithm::HalvingDoubling});
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(errors[r]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ring or shared memory"), std::string::npos) << e.what();
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "lockstep/comm/communicator.h"
 
@@ -74,6 +75,26 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
 // (N x in.size()) receives rank i's `in` at offset i x in.size(), on every
 // rank. Ring: N-1 rounds, (N-1) x in bytes sent per rank.
 void all_gather(Communicator& comm, std::span<const float> in, std::span<float> out);
+
+// The two halves of the all-reduce, in place, for sharded training (ZeRO-1,
+// docs/design.md). `data` (the same count on every rank) is cut into N chunks
+// as the ring cuts it (chunk i = [i*count/N, (i+1)*count/N)), and rank r owns
+// chunk shard_chunk(r, N) = (r+1) mod N: the chunk the ring's reduce-scatter
+// completes there. Both run the shared-memory path where the backend shares
+// memory (Algorithm Auto or SharedMemory) and the ring otherwise (Auto or
+// Ring); any other algorithm is InvalidArgument, on every rank.
+int shard_chunk(int rank, int world_size);
+// [begin, end) of rank's chunk of `count` elements.
+std::pair<std::size_t, std::size_t> shard_range(std::size_t count, int rank, int world_size);
+// On return rank r's own chunk holds op over every rank's chunk (Mean: / N),
+// the same bits the same algorithm's all-reduce gives; the rest of `data`
+// is left in an unspecified state. Ring: N-1 rounds, P(N-1)/N bytes sent.
+// `options.global_batch` and `verify` as for allreduce.
+void reduce_scatter_in_place(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
+// On entry each rank's own chunk is what it contributes; on return every
+// chunk of every rank's `data` holds its owner's. Ring: N-1 rounds,
+// P(N-1)/N bytes sent. options.op and global_batch are not used.
+void all_gather_in_place(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
 
 // In place: on return every rank's `data` holds root's `data`.
 void broadcast(Communicator& comm, std::span<std::byte> data, int root);

@@ -109,6 +109,12 @@ class NativeAllreduce {
   // which Auto prefers); false for a transport library's own all-reduce
   // (Algorithm::Native: Gloo's, MPI_Allreduce), which is only used when asked.
   virtual bool shares_memory() const { return false; }
+  // The two halves of the all-reduce in place (comm::reduce_scatter_in_place,
+  // comm::all_gather_in_place), for a backend whose shares_memory() is true:
+  // the front door calls them only then, and runs the ring otherwise. The
+  // defaults throw InvalidArgument.
+  virtual void reduce_scatter(std::span<float> data, const Fingerprint& fingerprint, bool verify);
+  virtual void all_gather(std::span<float> data, const Fingerprint& fingerprint, bool verify);
 };
 
 class Communicator {
