@@ -22,17 +22,15 @@ class AdamW final : public Optimizer {
   }
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
-  void update(float* w, const float* g, float* zero, float lr) override {
-    ++steps_;
-    float* m = state_.span().data();
+  void update(float* w, const float* g, float* zero, float lr, std::size_t at, std::size_t n) override {
+    float* m = state_.span().data() + at;
     float* v = m + numel_;
     const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps;
     const float decay = 1.0f - lr * o_.weight_decay;
-    const double t = static_cast<double>(steps_);
+    const double t = static_cast<double>(steps_ + 1);  // this step, 1-based
     const float bc1 = static_cast<float>(1.0 - std::pow(double(b1), t));
     const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(b2), t)));
     const float step_size = lr / bc1;
-    const std::size_t n = numel_;
     for (std::size_t i = 0; i < n; ++i) {
       const float gi = g[i];
       if (zero != nullptr) zero[i] = 0.0f;

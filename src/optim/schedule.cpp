@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -12,6 +13,38 @@ void Optimizer::check_step(std::size_t params, std::size_t grads, float lr) cons
                           std::to_string(params) + " parameters and " + std::to_string(grads) + " gradients");
   }
   if (!std::isfinite(lr)) throw InvalidArgument("optimizer step with a learning rate of " + std::to_string(lr));
+}
+
+void Optimizer::step_ranges_and_zero_grads(std::span<float> params, std::span<float> grads,
+                                           std::span<const ParamRange> ranges, float lr) {
+  if (params.size() != grads.size()) {
+    throw InvalidArgument("sharded optimizer step got " + std::to_string(params.size()) + " parameters and " +
+                          std::to_string(grads.size()) + " gradients");
+  }
+  if (!std::isfinite(lr)) throw InvalidArgument("optimizer step with a learning rate of " + std::to_string(lr));
+  std::size_t total = 0, end = 0;
+  for (const auto& r : ranges) {
+    if (r.offset < end || r.numel > params.size() || r.offset > params.size() - r.numel) {
+      throw InvalidArgument("sharded optimizer step: range [" + std::to_string(r.offset) + ", +" +
+                            std::to_string(r.numel) + ") overlaps the one before it or runs past " +
+                            std::to_string(params.size()) + " parameters");
+    }
+    end = r.offset + r.numel;
+    total += r.numel;
+  }
+  if (total != numel_) {
+    throw InvalidArgument("sharded optimizer for " + std::to_string(numel_) + " parameters got ranges of " +
+                          std::to_string(total));
+  }
+  std::size_t at = 0, cleared = 0;  // state position; gradients zeroed up to here
+  for (const auto& r : ranges) {
+    std::fill(grads.begin() + cleared, grads.begin() + r.offset, 0.0f);
+    update(params.data() + r.offset, grads.data() + r.offset, grads.data() + r.offset, lr, at, r.numel);
+    at += r.numel;
+    cleared = r.offset + r.numel;
+  }
+  std::fill(grads.begin() + cleared, grads.end(), 0.0f);
+  ++steps_;
 }
 
 std::size_t Optimizer::state_floats(std::size_t numel, std::size_t slots) {

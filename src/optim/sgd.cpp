@@ -25,22 +25,20 @@ class Sgd final : public Optimizer {
     return {"momentum_buffer"};
   }
 
-  void update(float* w, const float* g, float* zero, float lr) override {
+  void update(float* w, const float* g, float* zero, float lr, std::size_t at, std::size_t n) override {
     if (zero != nullptr) {
-      run<true>(w, g, zero, lr);
+      run<true>(w, g, zero, lr, at, n);
     } else {
-      run<false>(w, g, nullptr, lr);
+      run<false>(w, g, nullptr, lr, at, n);
     }
-    ++steps_;
   }
 
  private:
   template <bool kZero>
-  void run(float* w, const float* g, float* zero, float lr) {
-    float* buf = state_.span().data();
+  void run(float* w, const float* g, float* zero, float lr, std::size_t at, std::size_t n) {
+    float* buf = state_.span().data() + at;
     const float wd = o_.weight_decay, mu = o_.momentum, damp = 1.0f - o_.dampening;
     const bool nesterov = o_.nesterov;
-    const std::size_t n = numel_;
     if (mu == 0.0f) {
       for (std::size_t i = 0; i < n; ++i) {
         const float d = g[i] + wd * w[i];

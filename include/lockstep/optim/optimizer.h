@@ -16,6 +16,11 @@
 
 namespace lockstep::optim {
 
+// A run of parameters [offset, offset + numel) in the parameter arena.
+struct ParamRange {
+  std::size_t offset = 0, numel = 0;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -25,11 +30,13 @@ class Optimizer {
   std::span<float> state() { return state_.span(); }
   std::span<const float> state() const { return state_.span(); }
   std::int64_t steps_taken() const { return steps_; }
+  std::size_t numel() const { return numel_; }
 
   // params -= update(grads) with learning rate `lr`.
   void step(std::span<float> params, std::span<const float> grads, float lr) {
     check_step(params.size(), grads.size(), lr);
-    update(params.data(), grads.data(), nullptr, lr);
+    update(params.data(), grads.data(), nullptr, lr, 0, numel_);
+    ++steps_;
   }
   // The same update, and every gradient set to 0 in the same pass over
   // memory (PyTorch's zero_grad), so that the next backward accumulates into
@@ -37,14 +44,25 @@ class Optimizer {
   // overwriting them would make (OpenBLAS clears C before a beta = 0 product).
   void step_and_zero_grads(std::span<float> params, std::span<float> grads, float lr) {
     check_step(params.size(), grads.size(), lr);
-    update(params.data(), grads.data(), grads.data(), lr);
+    update(params.data(), grads.data(), grads.data(), lr, 0, numel_);
+    ++steps_;
   }
+  // Sharded (ZeRO-1, docs/design.md): this optimizer's state covers only
+  // `ranges` of the parameters, in that order (numel() is their total), so
+  // it updates only those; and it sets every gradient to 0, in the ranges
+  // and between them. The ranges must be in increasing order, disjoint and
+  // inside `params` (InvalidArgument otherwise). The update of each element
+  // is the same arithmetic as step_and_zero_grads', so the same bits.
+  void step_ranges_and_zero_grads(std::span<float> params, std::span<float> grads,
+                                  std::span<const ParamRange> ranges, float lr);
 
  protected:
   Optimizer(std::size_t numel, std::size_t slots) : numel_(numel), state_(state_floats(numel, slots)) {}
-  // One update of numel_ parameters; if `zero` is not null, zero[i] = 0
+  // One update of n parameters w[0..n) whose state is at element `at` of
+  // each slot (slot s at s x numel_ + at); if `zero` is not null, zero[i] = 0
   // after g[i] is read (zero == g when called from step_and_zero_grads).
-  virtual void update(float* w, const float* g, float* zero, float lr) = 0;
+  // steps_ counts the steps before this one; the caller advances it.
+  virtual void update(float* w, const float* g, float* zero, float lr, std::size_t at, std::size_t n) = 0;
   // InvalidArgument unless params and grads are numel_ long and lr is finite.
   void check_step(std::size_t params, std::size_t grads, float lr) const;
   // numel x slots, or InvalidArgument if that is past nn::kMaxFloats.
