@@ -212,8 +212,9 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
   const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
                                     : c.momentum > 0       ? cost::Optimizer::Momentum
                                                            : cost::Optimizer::Sgd;
-  const double copies =
-      2 + cost::optimizer_state_factor(optimizer) + (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
+  const double shards = c.zero == 1 ? std::max(1, c.replicas) : 1;  // --zero 1: 1/N of the state each
+  const double copies = 2 + cost::optimizer_state_factor(optimizer) / shards +
+                        (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
   const double state = params * sizeof(float) * copies;
   const double activations = activation_floats * double(c.micro_batch) * sizeof(float);
   const double need = replicas_here * (state + activations);
@@ -596,6 +597,10 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--compress", flags->compress,
                   "All-reduce gradients in bf16 (half the bytes, error feedback)")
       ->check(CLI::IsMember({"none", "bf16"}));
+  cmd->add_option("--zero", flags->config.zero,
+                  "ZeRO stage: 0, every replica holds the whole optimizer state; 1, each holds its own 1/N "
+                  "shard (gradients reduce-scattered, weights all-gathered: the same bytes as one all-reduce)")
+      ->default_val(0);
   cmd->add_option("--link-bandwidth", flags->link_bandwidth,
                   "Model a link of this bandwidth between replicas, e.g. 10Gbit or 10GB/s (default: none)");
   cmd->add_option("--link-latency", flags->link_latency,

@@ -110,6 +110,11 @@ struct Reducer::State {
     auto g = grads.subspan(b.offset, b.numel);
     if (w != 1.0f)
       for (float& v : g) v *= w;
+    if (options.shard) {
+      comm::reduce_scatter_in_place(
+          comm, g, {.op = comm::ReduceOp::Mean, .algorithm = options.algorithm, .global_batch = global_batch});
+      return;
+    }
     if (options.compression == Compression::None) {
       comm::allreduce(comm, g, {.op = comm::ReduceOp::Mean, .algorithm = options.algorithm, .global_batch = global_batch});
       return;
@@ -179,6 +184,16 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
       throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +
                             comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
     }
+    if (options.shard && options.compression != Compression::None) {
+      throw InvalidArgument("a sharded reducer (ZeRO-1) reduce-scatters in float32; bf16 compression cannot be "
+                            "combined with it");
+    }
+    if (options.shard && options.algorithm != comm::Algorithm::Auto && options.algorithm != comm::Algorithm::Ring &&
+        options.algorithm != comm::Algorithm::SharedMemory) {
+      throw InvalidArgument(std::string("a sharded reducer (ZeRO-1) reduce-scatters with the ring or shared memory, "
+                                        "not ") +
+                            comm::to_string(options.algorithm) + "; use algorithm auto or ring with it.");
+    }
   } catch (const Error& e) {
     comm::refuse_call(comm, e.what());  // the others are waiting in check_same_layout
   }
@@ -235,6 +250,26 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
   s.next = 0;
   s.error = nullptr;
   s.in_step = true;
+}
+
+void Reducer::gather(std::span<float> params) {
+  State& s = *state_;
+  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::gather() inside a step; call it after finish_step()");
+  LOCKSTEP_REQUIRE(params.size() == s.grads.size(), "Reducer::gather(): the span holds " +
+                                                        std::to_string(params.size()) + " floats, the gradients " +
+                                                        std::to_string(s.grads.size()));
+  for (const auto& b : s.buckets)
+    comm::all_gather_in_place(s.comm, params.subspan(b.offset, b.numel), {.algorithm = s.options.algorithm});
+}
+
+std::vector<GradRange> owned_ranges(const std::vector<Bucket>& buckets, int rank, int world_size) {
+  std::vector<GradRange> ranges;
+  for (const auto& b : buckets) {
+    const auto [begin, end] = comm::shard_range(b.numel, rank, world_size);
+    if (end > begin) ranges.push_back({b.offset + begin, end - begin});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const GradRange& a, const GradRange& b) { return a.offset < b.offset; });
+  return ranges;
 }
 
 void Reducer::discard_error_feedback() {

@@ -102,6 +102,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"training inputs (the image files, --normalize)", std::to_string(inputs_digest)},
       {"--algorithm", comm::to_string(c.algorithm)},
       {"--compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
+      {"--zero", std::to_string(c.zero)},
       {"model (parameter names, shapes and order)", model.describe() + "\n" + layout_text(model.layout())},
       {"model buffers", layout_text(model.buffer_layout())},
       {"bucket layout (--first-bucket-mb, --bucket-mb)",
@@ -145,21 +146,23 @@ bool has_nonfinite(std::span<const float> values, float limit) {
   return bad != 0;
 }
 
-void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite) {
-  if (local_nonfinite && !grads.empty()) grads[0] = std::numeric_limits<float>::quiet_NaN();
+void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite, std::span<const std::size_t> at) {
+  if (!local_nonfinite || grads.empty()) return;
+  if (at.empty()) grads[0] = std::numeric_limits<float>::quiet_NaN();
+  for (std::size_t i : at) grads[i] = std::numeric_limits<float>::quiet_NaN();
 }
 
-bool reduced_nonfinite_sentinel(std::span<const float> grads) {
-  return !grads.empty() && !std::isfinite(grads[0]);
+bool reduced_nonfinite_sentinel(std::span<const float> grads, std::size_t mine) {
+  return mine < grads.size() && !std::isfinite(grads[mine]);
 }
 
 StateFingerprint::StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer,
-                                   const nn::Layout& buffers) {
+                                   const nn::Layout& buffers, bool state_replicated) {
   for (const auto& t : layout.tensors()) {
     fields_.push_back({Source::Params, t.offset, t.numel});
     names_.push_back(t.name);
   }
-  const auto slots = optimizer.slot_names();
+  const auto slots = state_replicated ? optimizer.slot_names() : std::vector<std::string>{};
   for (std::size_t s = 0; s < slots.size(); ++s) {
     for (const auto& t : layout.tensors()) {  // slot s is laid out like the parameters, at s x P
       fields_.push_back({Source::State, s * layout.numel() + t.offset, t.numel});
@@ -191,7 +194,8 @@ Guards::Guards(const TrainConfig& c, const TrainHooks& hooks, comm::Communicator
       layout_(model.layout()),
       buffer_layout_(model.buffer_layout()),
       buffers_replicated_(c.bn_stats == BnStats::Sync || c.deterministic),
-      fingerprint_(model.layout(), optimizer, model.buffer_layout()) {}
+      state_replicated_(c.zero == 0 || comm.size() == 1),
+      fingerprint_(model.layout(), optimizer, model.buffer_layout(), state_replicated_) {}
 
 void Guards::warn(const std::string& message) const {
   if (hooks_.on_warning) hooks_.on_warning(message);
@@ -336,12 +340,14 @@ bool Guards::check(std::int64_t step, bool epoch_end, bool last_step, std::span<
   }
   before = comm_.stats().bytes_sent;
   comm::broadcast(comm_, params, root);
-  comm::broadcast(comm_, state, root);
+  if (state_replicated_) comm::broadcast(comm_, state, root);
   if (buffers_replicated_ && !buffers.empty()) comm::broadcast(comm_, buffers, root);
   out.traffic.repair += comm_.stats().bytes_sent - before;
   ++out.repairs;
   if (comm_.rank() == 0)
-    warn(what + "; repaired: re-broadcast rank " + std::to_string(root) + "'s weights and optimizer state.");
+    warn(what + "; repaired: re-broadcast rank " + std::to_string(root) +
+         (state_replicated_ ? "'s weights and optimizer state."
+                            : "'s weights (each rank's shard of the optimizer state is its own, --zero 1)."));
   return true;
 }
 

@@ -48,16 +48,22 @@ bool has_nonfinite(std::span<const float> values, float limit = std::numeric_lim
 // not only the first: so a local value past overflow_limit(terms), where the
 // sum of `terms` such values (the ragged weights add up to the replica count)
 // could pass float's range, counts as non-finite too.
+// Sharded (--zero 1), each rank holds only its own chunk of the reduced
+// buckets, so the flag rides at the start of every rank's chunk of the
+// bucket launched last (`at`), and each rank reads its own (`mine`).
 float overflow_limit(std::int64_t terms);  // FLT_MAX / (2 terms)
-void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite);
-bool reduced_nonfinite_sentinel(std::span<const float> grads);
+void mark_nonfinite_sentinel(std::span<float> grads, bool local_nonfinite, std::span<const std::size_t> at = {});
+bool reduced_nonfinite_sentinel(std::span<const float> grads, std::size_t mine = 0);
 
 // Fingerprints of the replica's state: every parameter tensor, every
-// optimizer slot of every tensor, then every buffer (batch norm's running
-// statistics; identical across replicas only with --bn-stats sync).
+// optimizer slot of every tensor (unless the state is sharded, --zero 1:
+// each rank's shard is its own, so there is nothing to compare), then every
+// buffer (batch norm's running statistics; identical across replicas only
+// with --bn-stats sync).
 class StateFingerprint {
  public:
-  StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer, const nn::Layout& buffers);
+  StateFingerprint(const nn::Layout& layout, const optim::Optimizer& optimizer, const nn::Layout& buffers,
+                   bool state_replicated);
   // One digest per field, in field order (compared across ranks by Guards::check).
   std::vector<std::uint64_t> digests(std::span<const float> params, std::span<const float> state,
                                      std::span<const float> buffers) const;
@@ -121,6 +127,7 @@ class Guards {
   const nn::Layout& layout_;
   const nn::Layout& buffer_layout_;
   bool buffers_replicated_;  // --bn-stats sync or --deterministic: buffers must agree too
+  bool state_replicated_;    // not under --zero 1 (over more than one replica)
   StateFingerprint fingerprint_;
   std::int64_t consecutive_skips_ = 0;
   ddp::SampleTally read_, planned_;  // since the last check

@@ -90,7 +90,19 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   ReplicaOutput out;
 
   auto model = make_model(c, train.features, train.num_classes);
-  auto optimizer = make_optimizer(c, model->layout().numel());
+  // --zero 1: this replica's optimizer holds state only for its own chunk of
+  // every bucket (Note [Sharded optimizer state] below).
+  const bool sharded = c.zero == 1 && comm.size() > 1;
+  std::vector<optim::ParamRange> owned;
+  std::size_t owned_numel = model->layout().numel();
+  if (sharded) {
+    owned_numel = 0;
+    for (const auto& r : ddp::owned_ranges(planned_buckets(c, model->layout()), rank, comm.size())) {
+      owned.push_back({r.offset, r.numel});
+      owned_numel += r.numel;
+    }
+  }
+  auto optimizer = make_optimizer(c, owned_numel);
   auto params = model->params();
   auto grads = model->grads();
 
@@ -135,7 +147,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         .algorithm = c.algorithm,
                         .compression = c.compression,
                         .overlap = c.overlap == Overlap::On ||
-                                   (c.overlap == Overlap::Auto && !shared_memory)});
+                                   (c.overlap == Overlap::Auto && !shared_memory),
+                        .shard = sharded});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   out.buckets = reducer.buckets();
   out.overlapped =
@@ -143,6 +156,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   std::vector<std::string> layer_names;
   for (std::size_t i = 0; i < model->layer_count(); ++i) {
     layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
+  }
+  // Note [Non-finite sentinel] (guards.h), sharded: the flag rides at the
+  // start of every rank's chunk of the last bucket, the one tensor 0 is in.
+  std::vector<std::size_t> sentinel_at;
+  std::size_t sentinel_mine = 0;
+  if (sharded && !c.deterministic) {
+    const auto& last = reducer.buckets().back();  // plan() checked it has a value for every rank
+    for (int r = 0; r < comm.size(); ++r) sentinel_at.push_back(last.offset + comm::shard_range(last.numel, r, comm.size()).first);
+    sentinel_mine = sentinel_at[static_cast<std::size_t>(rank)];
   }
   Recorder recorder(out.recorded_timeline, rank, s.t0);
   auto buffers = model->buffers();
@@ -298,7 +320,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
             if (inject_nan) grads[t.offset] = std::numeric_limits<float>::quiet_NaN();
             inject_nan = false;
             nonfinite = nonfinite || has_nonfinite(grads.subspan(t.offset, t.numel), overflow);
-            if (i == 0) mark_nonfinite_sentinel(grads, nonfinite);  // the last one announced
+            if (i == 0) mark_nonfinite_sentinel(grads, nonfinite, sentinel_at);  // the last one announced
             reducer.mark_ready(i);
           }
         });
@@ -342,15 +364,39 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     }
 
     const auto t_optimizer_start = Clock::now();
+    bool optimizer_recorded = false;  // sharded: recorded before the all-gather
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
-    if (!guards.skip_step(step, reduced_nonfinite_sentinel(grads), nonfinite, grads, out)) {
+    double gather_ms = 0;  // --zero 1: the weights' all-gather, exposed after the optimizer
+    if (guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out)) {
+      reducer.discard_error_feedback();  // a skipped gradient's rounding must not reach the next step
+    } else if (!sharded) {
       optimizer->step_and_zero_grads(params, grads, lr);
     } else {
-      reducer.discard_error_feedback();  // a skipped gradient's rounding must not reach the next step
+      // Note [Sharded optimizer state]: this replica updates only its own
+      // chunk of every bucket, from the mean the reduce-scatter left there
+      // (under --deterministic, from the all-reduced mean), with its shard
+      // of the optimizer state; then every replica's chunks are all-gathered,
+      // and all hold the same weights again. Each element's update is the
+      // same arithmetic on the same values as without sharding, so the same bits.
+      optimizer->step_ranges_and_zero_grads(params, grads, owned, lr);
+      const auto t_gather = Clock::now();
+      recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer (own shard)", t_optimizer_start, t_gather);
+      const auto sent = comm.stats().bytes_sent;
+      reducer.gather(params);
+      const auto t_gathered = Clock::now();
+      out.traffic.weights += comm.stats().bytes_sent - sent;
+      gather_ms = ms_between(t_gather, t_gathered);
+      sample.comm += gather_ms;
+      sample.spans.emplace_back(t_gather, t_gathered);
+      recorder.add(Track::Comm, Phase::Allreduce, step, "all-gather weights", t_gather, t_gathered,
+                   comm.stats().bytes_sent - sent);
+      recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (weights)", t_gather, t_gathered);
+      optimizer_recorded = true;
     }
     guards.maybe_flip_bit(step, params, buffers);
     const auto t_optimizer_end = Clock::now();
-    recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_optimizer_start, t_optimizer_end);
+    if (!optimizer_recorded)
+      recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer", t_optimizer_start, t_optimizer_end);
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
     const bool last_step = step == s.total_steps - 1;
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || last_step;
@@ -358,7 +404,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
-    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms;
+    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms + gather_ms;
     sample.compute = sample.step - sample.exposed;
     out.steps.push_back(sample);
 
@@ -396,8 +442,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
-                            out.traffic.repair -
-                            out.traffic.buffers;
+                            out.traffic.repair - out.traffic.buffers - out.traffic.weights;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();

@@ -32,6 +32,7 @@ TrafficBytes total_sent(const TrainResult& r) {
     sum.checks += t.checks;
     sum.repair += t.repair;
     sum.buffers += t.buffers;
+    sum.weights += t.weights;
     sum.unaccounted += t.unaccounted;
   }
   return sum;
@@ -70,8 +71,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += line;
   s += "  model        " + r.model_description + " (" + std::to_string(r.param_count) + " parameters)\n";
   s += "  replicated   per replica: weights " + human_bytes(double(r.weight_bytes)) + ", gradients " +
-       human_bytes(double(r.grad_bytes)) + ", optimizer state " +
-       human_bytes(double(r.optimizer_state_bytes)) + " (" + r.optimizer_description + ")\n";
+       human_bytes(double(r.grad_bytes)) + ", optimizer state " + human_bytes(double(r.optimizer_state_bytes)) +
+       (r.zero == 1 ? " (--zero 1: at most this much of the " + human_bytes(double(r.optimizer_state_bytes_whole)) +
+                          " each replica would hold; not replicated but sharded, " + r.optimizer_description + ")\n"
+                    : " (" + r.optimizer_description + ")\n");
   std::snprintf(line, sizeof line, "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; ",
                 (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate));
   s += line;
@@ -86,6 +89,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += line;
   // One all-reduce per bucket per step (one in all with --deterministic).
   const std::string calls = c.deterministic       ? "one all-reduce"
+                            : r.zero == 1 ? (r.buckets.size() == 1 ? std::string("one reduce-scatter, one bucket")
+                                                                   : std::to_string(r.buckets.size()) +
+                                                                         " reduce-scatters, one per bucket")
                             : r.buckets.size() == 1 ? "one all-reduce, one bucket"
                                                     : std::to_string(r.buckets.size()) + " all-reduces, one per bucket";
   // Per replica when they all send alike (the ring, shared memory: chunk
@@ -96,8 +102,16 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     const double b = double(r.traffic[i].gradients) / double(r.steps);
     lo = i == 0 ? b : std::min(lo, b), hi = i == 0 ? b : std::max(hi, b), sum += b;
   }
-  const std::string formula = " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
-                              ", independent of the micro-batch)\n";
+  std::string formula = " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
+                        ", independent of the micro-batch)\n";
+  if (r.zero == 1 && r.steps > 0 && !r.traffic.empty()) {  // the other half: the weights' all-gather
+    formula = ", then " + human_bytes(double(r.traffic[0].weights) / double(r.steps)) +
+              " of weights all-gathered after the optimizer step (" +
+              (c.deterministic ? "3P(N-1)/N in all under --deterministic, which all-reduces the gradients; "
+                               : "together the bytes of one all-reduce, ") +
+              "2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
+              ", independent of the micro-batch)\n";
+  }
   if (r.traffic.size() > 1 && hi > lo * 1.01 + 64) {
     s += "  communicated per step: rank 0 " + human_bytes(double(gradient_bytes_per_step(r))) +
          " of gradients, the replicas " + human_bytes(lo) + " to " + human_bytes(hi) + " (mean " +
@@ -110,8 +124,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   if (r.replicas > 1 && t0.gradients > 0) {
     if (t0.gradient_messages == 0) {  // in-process, also as the threads backend's --algorithm native
-      s += "               counted by the shared-memory all-reduce, which sends no messages: what the other "
-           "replicas read of this one's gradients plus what it writes into theirs";
+      s += r.zero == 1 ? "               counted by the shared-memory reduce-scatter and all-gather, which send no "
+                         "messages: what the other replicas read of this one's gradients plus what it writes into "
+                         "their weights"
+                       : "               counted by the shared-memory all-reduce, which sends no messages: what the "
+                         "other replicas read of this one's gradients plus what it writes into theirs";
       s += c.deterministic ? "\n" : " (--algorithm ring counts messages)\n";
     } else if (c.algorithm == comm::Algorithm::Native) {  // Gloo's or MPI's own: only fingerprints counted
       s += "               booked as a ring would send them: the transport's own all-reduce (--algorithm native) "
@@ -144,7 +161,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                                                     "replicas, whose all-reduce runs on the cores that compute; "
                                                     "--overlap on forces a thread)";
   std::snprintf(
-      line, sizeof line, "  buckets      %zu (%s), all-reduced %s%s%s%s\n", r.buckets.size(), sizes, when,
+      line, sizeof line, "  buckets      %zu (%s), %s %s%s%s%s\n", r.buckets.size(), sizes,
+      r.zero == 1 ? "reduce-scattered" : "all-reduced", when,
       c.compression == ddp::Compression::Bf16 ? ", bf16 on the wire" : "",
       c.link.enabled() ? ", modelled link " : "", c.link.enabled() ? c.link.describe().c_str() : "");
   s += line;
@@ -167,7 +185,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   const TrafficBytes all = total_sent(r);
   const double received = r.replicas > 1 ? double(all.init_broadcast) / double(r.replicas - 1) : 0.0;
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
-       "), " + human_bytes(double(all.repair + all.unaccounted)) + " after" +
+       "), " + human_bytes(double(all.repair + all.unaccounted + all.weights)) + " after" +
+       (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
        (all.repair > 0 ? " (re-broadcast with the optimizer state by " + std::to_string(r.repairs) +
                               " --on-divergence repair" + (r.repairs == 1 ? "" : "s") + ")"
                         : "") +
@@ -196,9 +215,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     const double steps_time = double(r.steps) * r.times.step_ms;
     std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
                   steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
-    s += std::string(r.buffer_layout.tensors().empty() || (c.bn_stats == BnStats::Local && !c.deterministic)
-                         ? "weights and optimizer state"
-                         : "weights, optimizer state and buffers") +
+    const bool buffers_compared = !r.buffer_layout.tensors().empty() && (c.bn_stats == BnStats::Sync || c.deterministic);
+    const char* state = r.zero == 1 ? " (the optimizer state is sharded: each replica's is its own)" : "";
+    s += std::string(r.zero == 1 ? (buffers_compared ? "weights and buffers" : "weights")
+                     : buffers_compared ? "weights, optimizer state and buffers"
+                                        : "weights and optimizer state") + state +
          " compared every " + (c.check_every > 1 ? plural(c.check_every, "step") : "step") +
          " and after the last (" + plural(r.divergence_checks, "check") + ", " + line + ", " +
          plural(r.repairs, "repair") + ")";
@@ -253,6 +274,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"bucket_mb", c.bucket_mb},
                  {"algorithm", comm::to_string(c.algorithm)},
                  {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
+                 {"zero", r.zero},
                  {"overlap", r.overlapped},
                  {"link_bytes_per_second", c.link.bytes_per_second},
                  {"link_latency_us", double(c.link.latency.count()) / 1000.0}};
@@ -294,7 +316,9 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                 {"gradient_messages_per_step_per_replica",
                  r.steps > 0 ? double(t0.gradient_messages) / double(r.steps) : 0.0},
                 {"weights_broadcast_at_init", t0.init_broadcast},
-                {"weights_exchanged_after_init", all.repair + all.unaccounted},
+                {"weights_exchanged_after_init", all.repair + all.unaccounted + all.weights},
+                {"weights_all_gathered_per_step_per_replica", r.steps > 0 ? t0.weights / std::uint64_t(r.steps) : 0},
+                {"optimizer_state_unsharded", r.optimizer_state_bytes_whole},
                 {"activations_communicated", all.unaccounted},
                 {"control_bytes", t0.control}};
   nlohmann::json per = nlohmann::json::array();
@@ -305,7 +329,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"gradient_messages", t.gradient_messages},
                    {"control", t.control},
                    {"checks", t.checks},
-                   {"repair", t.repair}, {"buffers", t.buffers},
+                   {"repair", t.repair}, {"buffers", t.buffers}, {"weights", t.weights},
                    {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;

@@ -105,6 +105,21 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
                                       "sums), so --algorithm ") +
                           comm::to_string(c.algorithm) + " would be ignored; leave --algorithm out or use ring.");
   }
+  if (c.zero != 0 && c.zero != 1) {
+    throw InvalidArgument("--zero " + std::to_string(c.zero) +
+                          ": lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state); stages 2 "
+                          "and 3 are priced by lockstep plan, not trained.");
+  }
+  if (c.zero == 1 && c.compression == ddp::Compression::Bf16) {
+    throw InvalidArgument("--zero 1 reduce-scatters the gradients in float32; --compress bf16 cannot be combined "
+                          "with it. Leave one of them out.");
+  }
+  if (c.zero == 1 && c.algorithm != comm::Algorithm::Auto && c.algorithm != comm::Algorithm::Ring &&
+      c.algorithm != comm::Algorithm::SharedMemory) {
+    throw InvalidArgument(std::string("--zero 1 reduce-scatters and all-gathers with the ring (or shared memory), "
+                                      "so --algorithm ") +
+                          comm::to_string(c.algorithm) + " would be ignored; leave --algorithm out or use ring.");
+  }
   check_dataset(data.train, "training", data.train);
   check_dataset(data.test, "test", data.train);
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
@@ -265,6 +280,15 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
     throw InvalidArgument("initial buffers hold " + std::to_string(c.initial_buffers->size()) +
                           " values but the model has " + std::to_string(probe->buffer_layout().numel()));
   }
+  if (c.zero == 1 && c.replicas > 1 && !c.deterministic) {
+    // Note [Non-finite sentinel], sharded: every rank's chunk of the last bucket carries the flag.
+    const auto buckets = detail::planned_buckets(c, probe->layout());
+    if (buckets.back().numel < static_cast<std::size_t>(c.replicas)) {
+      throw InvalidArgument("--zero 1 cuts every gradient bucket into one chunk per replica, but the last bucket holds "
+                            "only " + std::to_string(buckets.back().numel) + " values for " +
+                            std::to_string(c.replicas) + " replicas; use fewer replicas or a larger model.");
+    }
+  }
   const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
   return {std::move(sampler), total_steps, warmup, std::move(probe)};
 }
@@ -333,7 +357,19 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.weight_bytes = p.probe->layout().bytes();
   res.grad_bytes = p.probe->layout().bytes();
   const auto probe_optimizer = make_optimizer(c, p.probe->layout().numel());
-  res.optimizer_state_bytes = probe_optimizer->state().size_bytes();
+  res.optimizer_state_bytes = res.optimizer_state_bytes_whole = probe_optimizer->state().size_bytes();
+  res.zero = c.replicas > 1 ? c.zero : 0;
+  if (res.zero == 1) {  // the largest shard: chunks differ by up to one value per bucket
+    const auto buckets = detail::planned_buckets(c, p.probe->layout());
+    const std::size_t slots = probe_optimizer->slot_names().size();
+    std::uint64_t largest = 0;
+    for (int r = 0; r < c.replicas; ++r) {
+      std::uint64_t floats = 0;
+      for (const auto& range : ddp::owned_ranges(buckets, r, c.replicas)) floats += range.numel;
+      largest = std::max<std::uint64_t>(largest, floats * slots * sizeof(float));
+    }
+    res.optimizer_state_bytes = largest;
+  }
   res.optimizer_description = probe_optimizer->describe();
   // P in the bytes of the wire's type: float32, or bf16 with --compress bf16.
   const std::uint64_t wire_bytes = c.compression == ddp::Compression::Bf16 ? res.grad_bytes / 2 : res.grad_bytes;

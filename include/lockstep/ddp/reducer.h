@@ -90,7 +90,26 @@ struct ReducerOptions {
   // transports whose "communication" is work on the same cores as compute,
   // where a second thread only takes slices from backward).
   bool overlap = true;
+  // ZeRO-1 (docs/design.md, "Sharded optimizer state"): each bucket is
+  // reduce-scattered in place instead of all-reduced
+  // (comm::reduce_scatter_in_place), so after finish_step() this rank holds
+  // the mean only in its own chunk of every bucket (owned_ranges()); the
+  // rest of the span is left in an unspecified state. After the optimizer
+  // has updated those ranges, gather() all-gathers the weights bucket by
+  // bucket. Together the bytes of one all-reduce. Compression must be None,
+  // and the algorithm Auto, Ring or SharedMemory (InvalidArgument otherwise).
+  bool shard = false;
 };
+
+// A run of floats [offset, offset + numel) of the gradient span.
+struct GradRange {
+  std::size_t offset = 0, numel = 0;
+};
+
+// Rank `rank`'s chunk of every bucket (comm::shard_range), in increasing
+// offset order, empty chunks left out: what a sharded reducer leaves reduced
+// there. A pure function, like the buckets.
+std::vector<GradRange> owned_ranges(const std::vector<Bucket>& buckets, int rank, int world_size);
 
 // When bucket k's all-reduce happened in the last step.
 struct BucketTiming {
@@ -123,6 +142,11 @@ class Reducer {
   void mark_ready(std::size_t tensor);
   // Rethrows the communication thread's error, if any (the group is then aborted).
   const StepTiming& finish_step();
+  // For sharded training (options.shard): all-gathers `params`, laid out
+  // like the gradients, bucket by bucket in launch order, so that every
+  // rank's holds each owner's ranges (owned_ranges()). Between steps only,
+  // on the owner's thread.
+  void gather(std::span<float> params);
   // The step's gradients were not applied (every replica skipped it): with
   // bf16 compression, forgets the rounding error kept for the next step
   // (Note [Error feedback]), which came from them. Between steps only.

@@ -102,6 +102,11 @@ struct TrainConfig {
   ddp::Compression compression = ddp::Compression::None;
   Overlap overlap = Overlap::Auto;
   comm::LinkModel link;  // modelled interconnect between the replicas; default: none
+  // ZeRO stage: 0, every replica holds the whole optimizer state; 1, each
+  // holds only its own shard of it (docs/design.md, "Sharded optimizer
+  // state"): gradients are reduce-scattered, each replica updates its shard
+  // of the weights, and the weights are all-gathered every step.
+  int zero = 0;
   // Bit-exact for any power-of-two replica count (src/train/atoms.h): gradients of `atom`-sample atoms,
   // summed in one tree over atom index; the last partial global batch of an epoch is dropped.
   bool deterministic = false;
@@ -162,6 +167,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t checks = 0;       // fingerprints and non-finite flags
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
   std::uint64_t buffers = 0;      // buffer updates averaged by --bn-stats sync
+  std::uint64_t weights = 0;      // weights all-gathered after each sharded optimizer step (--zero 1)
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -182,7 +188,11 @@ struct TrainResult {
   double flops_per_sample = 0;
   double mfu = 0;  // 0 if no peak was given
   std::uint64_t param_count = 0;
-  std::uint64_t weight_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0;
+  std::uint64_t weight_bytes = 0, grad_bytes = 0;
+  // The largest replica's optimizer state; under --zero 1 its shard of the
+  // whole, which is what every replica holds without it.
+  std::uint64_t optimizer_state_bytes = 0, optimizer_state_bytes_whole = 0;
+  int zero = 0;  // the ZeRO stage trained (0 when --zero 1 had one replica: nothing to shard)
   std::uint64_t allreduce_bytes_per_step_formula = 0;  // 2P(N-1)/N
   std::vector<TrafficBytes> traffic;                   // per replica
   StepTimes times;
