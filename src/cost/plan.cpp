@@ -155,7 +155,7 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   const double k = double(o.step.accumulate);
   // Under Horovod's cycles the exposed time also holds the wait for a cycle: at most all of c.
   const double exposed_share = c > 0 ? std::min(1.0, base.step.exposed_comm_ms / c) : 0;
-  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", base.step.step_ms + c / 2,
+  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas (lockstep train --zero 1)", base.step.step_ms + c / 2,
                           m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
   out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded",
                           base.step.step_ms + c / 2 + (k - 1) * c / 2 * exposed_share,

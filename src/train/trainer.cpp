@@ -110,6 +110,10 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
                           ": lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state); stages 2 "
                           "and 3 are priced by lockstep plan, not trained.");
   }
+  if (c.zero == 1 && c.replicas == 1) {
+    throw InvalidArgument("--zero 1 shards the optimizer state over the replicas, and one replica has nothing to "
+                          "shard with; leave it out, or use 2 or more replicas.");
+  }
   if (c.zero == 1 && c.compression == ddp::Compression::Bf16) {
     throw InvalidArgument("--zero 1 reduce-scatters the gradients in float32; --compress bf16 cannot be combined "
                           "with it. Leave one of them out.");

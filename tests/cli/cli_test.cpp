@@ -548,6 +548,31 @@ TEST(Cli, SaveAndInitCarryTheBatchNormStatistics) {
   for (std::size_t i = 0; i < var_a.size(); ++i) EXPECT_GT(var_b[i], 0.8f * var_a[i]) << i;
 }
 
+// --zero 1 from the command line: the same weights file as without it, and
+// the summary and the report say what was sharded and what was sent.
+TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
+  const auto dir = make_data_dir("cli_zero", 256);
+  const std::string common = "train --data " + dir.string() + " --replicas 4 --micro-batch 8 --hidden 16 --steps 6 ";
+  const fs::path a = dir / "a.st", b = dir / "b.st", report = dir / "b.json";
+  ASSERT_EQ(run(common + "--quiet --save " + a.string()).code, 0);
+  const CliRun sharded = run(common + "--zero 1 --save " + b.string() + " --report " + report.string());
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(a), bytes(b)) << "--zero 1 trained other weights";
+  EXPECT_NE(sharded.output.find("of gradients in one reduce-scatter, one bucket, then"), std::string::npos) << sharded.output;
+  EXPECT_NE(sharded.output.find("of weights all-gathered after the optimizer step"), std::string::npos);
+  const auto j = nlohmann::json::parse(bytes(report));
+  EXPECT_EQ(j["config"]["zero"], 1);
+  const std::uint64_t whole = j["bytes"]["optimizer_state_unsharded"], mine = j["bytes"]["optimizer_state_per_replica"];
+  EXPECT_LT(mine, whole / 4 + 64);
+  EXPECT_GT(j["bytes"]["weights_all_gathered_per_step_per_replica"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(run(common + "--zero 1 --replicas 1").code, 2);
+  EXPECT_EQ(run(common + "--zero 2").code, 2);
+}
+
 TEST(Cli, BadSafetensorsInitIsNamed) {
   const auto dir = make_data_dir("badinit");
   const fs::path bad = dir / "bad.safetensors";
