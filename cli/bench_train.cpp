@@ -41,6 +41,7 @@ struct BenchFlags {
   std::int64_t steps = 100;
   std::int64_t warmup = 10;
   int repeats = 3;
+  int zero = 0;  // --zero 1 for every row of more than one replica
   bool json = false;
 };
 
@@ -144,6 +145,7 @@ int run_bench_train(const BenchFlags& f) {
       c.evaluate = false;
       c.log_every = 1 << 30;
       c.peak_flops = peak;
+      c.zero = row.replicas > 1 ? f.zero : 0;  // one replica has nothing to shard
       const auto r = train::train(c, data);
       row.samples_per_s.push_back(r.samples_per_s);
       flops_per_sample = r.flops_per_sample;
@@ -171,6 +173,7 @@ int run_bench_train(const BenchFlags& f) {
                      {"matmul_below_step", row.matmul_median < row.median},
                      {"peak_sgemm_gflops", peak / 1e9},
                      {"flops_per_sample", flops_per_sample},
+                     {"zero", row.replicas > 1 ? f.zero : 0},
                      {"blas_core", nn::blas_core_name()}});
     }
     std::cout << out.dump(2) << "\n";
@@ -181,6 +184,7 @@ int run_bench_train(const BenchFlags& f) {
   std::printf("median of %d runs of %lld steps (after %lld warm-up steps); global batch = replicas x "
               "micro-batch\n\n",
               f.repeats, (long long)f.steps, (long long)f.warmup);
+  if (f.zero == 1) std::printf("--zero 1: the optimizer state sharded in every row of more than one replica\n\n");
   std::printf("%-10s %12s %8s %9s %16s %16s\n", "config", "samples/s", "MFU", "vs best", "matmuls alone",
               "bound on vs best");
   for (const auto& row : rows) {
@@ -215,6 +219,9 @@ Action add_bench_train_command(CLI::App& bench) {
       ->transform(whole_number_in(std::int64_t{0}, std::int64_t{1} << 20));
   cmd->add_option("--repeats", flags->repeats, "Runs per configuration; the median is reported")
       ->transform(whole_number_in(1, 100));
+  cmd->add_option("--zero", flags->zero,
+                  "ZeRO stage of the rows with more than one replica: 0 replicated, 1 sharded optimizer state")
+      ->check(CLI::IsMember({0, 1}));
   cmd->add_flag("--json", flags->json, "Print JSON instead of a table");
   return [flags] { return run_bench_train(*flags); };
 }
