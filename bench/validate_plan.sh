@@ -21,7 +21,11 @@
 # Every measurement is the median of RUNS runs (default 3), the runs with and
 # without the link interleaved.
 #
-# Usage: [RUNS=3] bench/validate_plan.sh [LOCKSTEP_BINARY]   (default build/cli/lockstep)
+# The last field of a configuration is the ZeRO stage (--zero 0 or 1, for
+# both train and plan). FILTER, a regular expression, keeps only the
+# configurations it matches (FILTER=' 1$': the --zero 1 ones).
+#
+# Usage: [RUNS=3] [FILTER=regex] bench/validate_plan.sh [LOCKSTEP_BINARY]   (default build/cli/lockstep)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 lockstep="${1:-$root/build/cli/lockstep}"
@@ -30,22 +34,28 @@ out="$root/build/validate_plan"
 mkdir -p "$out"
 command -v jq >/dev/null || { echo "validate_plan.sh needs jq (apt-get install jq)" >&2; exit 1; }
 
-# hidden  replicas  micro-batch  link  bucket-mb
+# hidden  replicas  micro-batch  link  bucket-mb  zero
 configs=(
-  "512,512 2 32 1Gbit 25"
-  "512,512 2 32 1Gbit 0"
-  "512,512 4 32 10Gbit 25"
-  "512,512 4 32 10Gbit 0"
-  "512,512 8 32 10Gbit 25"
-  "512,512 8 32 10Gbit 0"
-  "512,512 8 16 100Gbit 25"
-  "512,512 8 128 100Gbit 25"
-  "512,512 4 128 1Gbit 25"
-  "512,512 4 64 1Gbit 0"
-  "512,512 2 128 100Gbit 0"
-  "1024,1024,1024 8 64 10Gbit 25"
-  "1024,1024,1024 4 16 10Gbit 25"
-  "1024,1024,1024 2 64 1Gbit 0"
+  "512,512 2 32 1Gbit 25 0"
+  "512,512 2 32 1Gbit 0 0"
+  "512,512 4 32 10Gbit 25 0"
+  "512,512 4 32 10Gbit 0 0"
+  "512,512 8 32 10Gbit 25 0"
+  "512,512 8 32 10Gbit 0 0"
+  "512,512 8 16 100Gbit 25 0"
+  "512,512 8 128 100Gbit 25 0"
+  "512,512 4 128 1Gbit 25 0"
+  "512,512 4 64 1Gbit 0 0"
+  "512,512 2 128 100Gbit 0 0"
+  "1024,1024,1024 8 64 10Gbit 25 0"
+  "1024,1024,1024 4 16 10Gbit 25 0"
+  "1024,1024,1024 2 64 1Gbit 0 0"
+  "512,512 2 32 1Gbit 25 1"
+  "512,512 4 32 10Gbit 25 1"
+  "512,512 8 32 10Gbit 25 1"
+  "512,512 4 128 1Gbit 25 1"
+  "1024,1024,1024 4 16 10Gbit 25 1"
+  "1024,1024,1024 2 64 1Gbit 0 1"
 )
 
 cores=$(nproc)
@@ -55,13 +65,14 @@ ring_us=$("$lockstep" bench allreduce --algorithm ring --sizes 4K --replicas $((
 host_us=$(jq -n "$ring_us / (2 * (2 * $cores - 1)) / 2")
 printf "host: %s cores; a 4 KiB ring all-reduce over %s replicas takes %.1f us: --host-latency %.1fus\n\n" \
   "$cores" $((2 * cores)) "$ring_us" "$host_us"
-echo "| hidden | replicas | micro-batch | link | bucket MiB | compute ms, a core each | measured step ms (median) | predicted step ms | error | measured exposed ms | predicted exposed ms |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| hidden | replicas | micro-batch | link | bucket MiB | zero | compute ms, a core each | measured step ms (median) | predicted step ms | error | measured exposed ms | predicted exposed ms |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 declare -A t1  # compute per step of a replica with a core of its own, by "hidden replicas micro-batch"
 median() { jq -s 'sort | .[length / 2 | floor]'; }
 worst=0
 for c in "${configs[@]}"; do
-  read -r hidden n b link bucket <<<"$c"
+  [[ "$c" =~ ${FILTER:-.} ]] || continue
+  read -r hidden n b link bucket zero <<<"$c"
   key="$hidden $n $b"
   steps=() exposeds=() locals=()
   for ((i = 0; i < runs; i++)); do
@@ -71,9 +82,9 @@ for c in "${configs[@]}"; do
         --quiet >/dev/null
       locals+=("$(jq '.timing.step_ms' "$local_run")")
     fi
-    report="$out/r-${hidden//,/x}-$n-$b-$link-$bucket-$i.json"
+    report="$out/r-${hidden//,/x}-$n-$b-$link-$bucket-$zero-$i.json"
     "$lockstep" train --hidden "$hidden" --replicas "$n" --micro-batch "$b" --link-bandwidth "$link" \
-      --link-latency 50us --bucket-mb "$bucket" --steps 40 --report "$report" --quiet >/dev/null
+      --link-latency 50us --bucket-mb "$bucket" --zero "$zero" --steps 40 --report "$report" --quiet >/dev/null
     steps+=("$(jq '.timing.step_ms' "$report")")
     exposeds+=("$(jq '.timing.exposed_comm_ms' "$report")")
   done
@@ -84,13 +95,13 @@ for c in "${configs[@]}"; do
   step=$(printf '%s\n' "${steps[@]}" | median)
   exposed=$(printf '%s\n' "${exposeds[@]}" | median)
   plan=$("$lockstep" plan --hidden "$hidden" --replicas "$n" --micro-batch "$b" --link-bandwidth "$link" \
-    --link-latency 50us --bucket-mb "$bucket" --algorithm auto --compute-ms "${t1[$key]}" \
+    --link-latency 50us --bucket-mb "$bucket" --zero "$zero" --algorithm auto --compute-ms "${t1[$key]}" \
     --host-cores "$cores" --host-latency "${host_us}us" --json)
   p_step=$(jq '.rows[0].step_ms' <<<"$plan")
   p_exposed=$(jq '.rows[0].exposed_comm_ms' <<<"$plan")
   err=$(jq -n "($p_step - $step) / $step * 100")
   worst=$(jq -n "[($err | if . < 0 then -. else . end), $worst] | max")
-  printf "| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %+.1f%% | %.2f | %.2f |\n" \
-    "$hidden" "$n" "$b" "$link" "$bucket" "${t1[$key]}" "$step" "$p_step" "$err" "$exposed" "$p_exposed"
+  printf "| %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %+.1f%% | %.2f | %.2f |\n" \
+    "$hidden" "$n" "$b" "$link" "$bucket" "$zero" "${t1[$key]}" "$step" "$p_step" "$err" "$exposed" "$p_exposed"
 done
 printf "\nworst step-time error: %.1f%% (target: 15%%)\n" "$worst"

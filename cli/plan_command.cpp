@@ -33,6 +33,7 @@ struct PlanFlags {
   std::string launch = "buckets";
   double cycle_ms = 5;
   double compute_cv = 0;
+  int zero = 0;
   double price = 1.0, critical_batch = 0, min_efficiency = 0.8, max_cost_increase = 0.25;
   bool json = false, published = false;
   std::string svg_file;
@@ -183,6 +184,14 @@ int run_plan(PlanFlags& f) {
   s.cycle_ms = f.cycle_ms;
   s.compute_cv = f.compute_cv;
   s.bf16 = f.compress == "bf16";
+  s.zero1 = f.zero == 1;
+  if (s.zero1 && s.bf16) throw InvalidArgument("--zero 1 reduce-scatters in float32 (as lockstep train does); leave out --compress bf16.");
+  if (s.zero1 && f.algorithm != "best" && f.algorithm != "auto" && f.algorithm != "ring")
+    throw InvalidArgument("--zero 1 reduce-scatters and all-gathers on the ring (as lockstep train does); leave out "
+                          "--algorithm " + f.algorithm + ".");
+  if (s.zero1 && f.launch != "buckets")
+    throw InvalidArgument("--zero 1 is planned as lockstep train runs it, with gradient buckets; leave out --launch " +
+                          f.launch + ".");
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
   s.host_cores = f.host_cores;
   try {
@@ -305,6 +314,10 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--compress", f->compress, "All-reduce in bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "bf16"}))
       ->check(not_empty());
+  cmd->add_option("--zero", f->zero,
+                  "1: plan lockstep train --zero 1 (optimizer state sharded, gradients reduce-scattered on the "
+                  "ring, weights all-gathered after the optimizer)")
+      ->check(CLI::IsMember({0, 1}));
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")
       ->check(number_in(0.0, 1e12));
   cmd->add_option("--critical-batch", f->critical_batch,

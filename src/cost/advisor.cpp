@@ -110,11 +110,14 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
         as_alternative(plan_row(profile, a, r.replicas), "--accumulate " + std::to_string(a.step.accumulate),
                        "one all-reduce per " + std::to_string(a.step.accumulate) + " micro-batches"));
   }
-  if (!o.step.bf16 && r.replicas > 1) {
+  if (!o.step.bf16 && r.replicas > 1) {  // lockstep compresses replicated training only
     PlanOptions a = o;
     a.step.bf16 = true;
-    out.push_back(
-        as_alternative(plan_row(profile, a, r.replicas), "--compress bf16", "half the bytes on the wire"));
+    a.step.zero1 = false;
+    out.push_back(as_alternative(plan_row(profile, a, r.replicas),
+                                 o.step.zero1 ? "--zero 0 --compress bf16" : "--compress bf16",
+                                 o.step.zero1 ? "half the bytes on the wire, the optimizer state replicated again"
+                                              : "half the bytes on the wire"));
   }
   // Latency paid per all-reduce: fewer, bigger all-reduces pay it fewer times.
   if (r.bound == Bound::Latency && o.step.launch == StepOptions::Launch::Buckets && o.step.bucket_mb > 0 &&

@@ -97,7 +97,7 @@ PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
   const double p = profile.param_bytes();
   r.memory = {.weights = p,
               .gradients = p,
-              .optimizer_state = p * optimizer_state_factor(o.optimizer),
+              .optimizer_state = p * optimizer_state_factor(o.optimizer) / (o.step.zero1 ? replicas : 1),
               .activations = profile.activation_bytes_per_sample * double(o.step.micro_batch)};
   r.fits = o.device.memory_bytes <= 0 || r.memory.total() <= o.device.memory_bytes;
   r.bound = classify(r, o);
@@ -125,8 +125,13 @@ Alternative as_alternative(const PlanRow& r, std::string name, std::string detai
 
 std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptions& o, int n) {
   const PlanRow base = plan_row(profile, o, n);
-  std::vector<Alternative> out{as_alternative(base, "data parallel", "as planned")};
-  const Memory& m = base.memory;
+  std::vector<Alternative> out{as_alternative(base, o.step.zero1 ? "data parallel, ZeRO-1" : "data parallel", "as planned")};
+  // The ZeRO-2 and -3 outlines start from replicated data parallelism, also
+  // when the plan is ZeRO-1 (--zero 1).
+  PlanOptions replicated = o;
+  replicated.step.zero1 = false;
+  const PlanRow dp = o.step.zero1 ? plan_row(profile, replicated, n) : base;
+  const Memory& m = dp.memory;
   const double limit = o.device.memory_bytes;
   auto with_step = [&](std::string name, std::string detail, double step_ms, double memory,
                        double comm_bytes) {
@@ -140,7 +145,7 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
     a.fits = limit <= 0 || memory <= limit;
     return a;
   };
-  const double c = base.step.comm_ms, sent = base.step.bytes_sent;
+  const double c = dp.step.comm_ms, sent = dp.step.bytes_sent;
   // ZeRO (Rajbhandari et al. 2020), with k = --accumulate micro-steps per
   // step. Stage 1 keeps whole gradients: they accumulate locally, and one
   // reduce-scatter in backward hides as the all-reduce did; the all-gather of
@@ -154,13 +159,24 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   // bytes per micro-step.
   const double k = double(o.step.accumulate);
   // Under Horovod's cycles the exposed time also holds the wait for a cycle: at most all of c.
-  const double exposed_share = c > 0 ? std::min(1.0, base.step.exposed_comm_ms / c) : 0;
-  out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas (lockstep train --zero 1)", base.step.step_ms + c / 2,
-                          m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
+  const double exposed_share = c > 0 ? std::min(1.0, dp.step.exposed_comm_ms / c) : 0;
+  // ZeRO-1 as lockstep trains it (--zero 1), priced by predict_step, where
+  // the plan's own schedule allows it (buckets, float32); else the outline.
+  if (o.step.launch == StepOptions::Launch::Buckets && !o.step.bf16) {
+    if (!o.step.zero1) {
+      PlanOptions z = o;
+      z.step.zero1 = true;
+      out.push_back(as_alternative(plan_row(profile, z, n), "ZeRO-1",
+                                   "optimizer state sharded over the replicas (lockstep train --zero 1)"));
+    }
+  } else {
+    out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", dp.step.step_ms + c / 2,
+                            m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
+  }
   out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded",
-                          base.step.step_ms + c / 2 + (k - 1) * c / 2 * exposed_share,
+                          dp.step.step_ms + c / 2 + (k - 1) * c / 2 * exposed_share,
                           m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent * (k + 1) / 2));
-  const double z3 = base.step.step_ms + k * std::max(0.0, c / 2 - base.step.forward_ms / k) + c / 2 * exposed_share +
+  const double z3 = dp.step.step_ms + k * std::max(0.0, c / 2 - dp.step.forward_ms / k) + c / 2 * exposed_share +
                     (k - 1) * c * exposed_share;
   out.push_back(with_step("ZeRO-3", "weights, gradients and optimizer state sharded", z3,
                           (m.weights + m.gradients + m.optimizer_state) / n + m.activations, 1.5 * sent * k));
@@ -174,7 +190,10 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   if (!o.step.bf16) {
     PlanOptions a = o;
     a.step.bf16 = true;
-    out.push_back(as_alternative(plan_row(profile, a, n), "bf16 compression", "half the bytes on the wire"));
+    a.step.zero1 = false;  // lockstep compresses replicated training only
+    out.push_back(as_alternative(plan_row(profile, a, n), "bf16 compression",
+                                 o.step.zero1 ? "half the bytes on the wire; replicated optimizer state"
+                                              : "half the bytes on the wire"));
   }
   // In outline: memory and what crosses the link, no step time.
   const int t = o.step.topology.per_node > 1 ? std::min(o.step.topology.per_node, 8) : 2;

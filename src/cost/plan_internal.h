@@ -8,7 +8,7 @@
 namespace lockstep::cost::detail {
 
 // The ways to run `replicas` other than plain data parallelism, and plain
-// data parallelism first (name "data parallel").
+// data parallelism first (name "data parallel", or "data parallel, ZeRO-1" under --zero 1).
 std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptions& options, int replicas);
 // A row as an Alternative.
 Alternative as_alternative(const PlanRow& row, std::string name, std::string detail);

@@ -82,6 +82,7 @@ std::string plan_json(const Plan& plan) {
                                                                          : "buckets"},
                     {"cycle_ms", s.cycle_ms},
                     {"compress", s.bf16 ? "bf16" : "none"},
+                    {"zero", s.zero1 ? 1 : 0},
                     {"compute_cv", s.compute_cv},
                     {"host_cores", s.host_cores},
                     {"host_latency_us", s.host_latency_s * 1e6},

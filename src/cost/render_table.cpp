@@ -64,7 +64,9 @@ std::string plan_table(const Plan& plan) {
           ? (s.bucket_mb > 0 ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
                              : strf("every %.3g ms, not fused", s.cycle_ms))
                                                 : strf("buckets %.3g/%.3g MiB", s.first_bucket_mb, s.bucket_mb);
-  t += strf("\nall-reduce %s, %s%s, accumulate %lld, %s, %.3g per device-hour", to_string(s.algorithm),
+  const std::string algorithm =
+      s.zero1 ? "ring reduce-scatter + all-gather (--zero 1: optimizer state sharded)" : to_string(s.algorithm);
+  t += strf("\nall-reduce %s, %s%s, accumulate %lld, %s, %.3g per device-hour", algorithm.c_str(),
             launch.c_str(), s.bf16 ? ", bf16" : "",
             (long long)s.accumulate, to_string(o.optimizer), o.price_per_device_hour);
   if (o.critical_batch > 0) t += strf(", critical batch %.0f", o.critical_batch);

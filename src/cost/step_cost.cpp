@@ -143,6 +143,9 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   if (!(std::isfinite(profile.step_compute_ms) && profile.step_compute_ms >= 0) ||
       !(std::isfinite(profile.activation_bytes_per_sample) && profile.activation_bytes_per_sample >= 0))
     throw InvalidArgument("the profile's step compute time and activation bytes must be numbers of zero or more.");
+  if (o.zero1 && (o.launch != StepOptions::Launch::Buckets || o.bf16))
+    throw InvalidArgument("ZeRO-1 is planned as lockstep train runs it: gradient buckets in float32, so neither "
+                          "another --launch nor bf16.");
   if (profile.layers.empty() || profile.param_bytes() <= 0 || profile.micro_batch < 1)
     throw InvalidArgument("the model has no parameters, so there is nothing to all-reduce.");
 
@@ -166,7 +169,8 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   s.forward_ms = f * fwd * o.accumulate;
   s.backward_ms = f * bwd * o.accumulate;
   s.sharing = f;
-  s.optimizer_ms = f * profile.optimizer_ms();
+  const bool sharded = o.zero1 && o.replicas > 1;
+  s.optimizer_ms = f * profile.optimizer_ms() / (sharded ? o.replicas : 1);  // ZeRO-1: its own 1/N
   s.compute_ms = s.forward_ms + s.backward_ms + s.optimizer_ms;
   s.straggler_ms = (s.forward_ms + s.backward_ms) * (1 - 1 / slowest);
 
@@ -216,9 +220,13 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   const auto all_reduce = [&](double fp32_bytes, double ready_ms, double start_ms, double weight = 1,
                               bool record = true) {
     const double bytes = fp32_bytes * wire;
-    const CollectiveCost c = price(bytes);
+    // ZeRO-1: the ring's two halves; the reduce-scatter (N-1 rounds, P(N-1)/N
+    // bytes and all the reduction) here, the all-gather after the optimizer.
+    const CollectiveCost c = sharded ? on_this_host(bytes, Algorithm::Ring) : price(bytes);
+    const double gather_s = sharded ? (c.alpha_s + c.beta_s) / 2 : 0;
+    s.gather_ms += weight * 1e3 * gather_s;
     BucketTime bt{.bytes = bytes, .ready_ms = ready_ms, .start_ms = start_ms};
-    bt.end_ms = start_ms + 1e3 * c.seconds;
+    bt.end_ms = start_ms + 1e3 * (c.seconds - gather_s);
     s.comm_ms += weight * 1e3 * c.seconds;
     s.alpha_ms += weight * 1e3 * c.alpha_s;
     s.beta_ms += weight * 1e3 * c.beta_s;
@@ -262,7 +270,7 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     // With no overlap (bucket_mb 0) the one bucket waits for the end of backward anyway.
     stream_free = all_reduce(double(b.bytes()), bucket_ready, std::max(bucket_ready, stream_free));
   }
-  s.exposed_comm_ms = std::max(0.0, stream_free - backward_end);
+  s.exposed_comm_ms = std::max(0.0, stream_free - backward_end) + s.gather_ms;
   s.step_ms = s.compute_ms + s.exposed_comm_ms;
   return s;
 }

@@ -69,6 +69,38 @@ TEST(StepCost, FullyExposedWithOneBucket) {
   EXPECT_NEAR(s.step_ms, s.compute_ms + 12 * kMiB / 1e6, 1e-9);
 }
 
+// ZeRO-1 as lockstep trains it: the hand-computed timeline above with each
+// all-reduce cut in its halves. Bucket 0's reduce-scatter (half of 4 MiB's
+// all-reduce over 2 replicas: 2.097 ms) runs from 4 ms; bucket 1's (4.194
+// ms) starts at its ready time, 7 ms (the stream is free from 6.097 ms),
+// and ends at 11.194 ms. Then the optimizer on half the parameters (0.25 of
+// 0.5 ms), then both all-gathers (6.291 ms), exposed.
+TEST(StepCost, ZeroOneReduceScattersInBackwardAndGathersAfterTheOptimizer) {
+  const Profile p = two_layers(8 * kMiB, 3, 4 * kMiB, 2);
+  StepOptions o = two_replicas();
+  o.zero1 = true;
+  const StepPrediction s = predict_step(p, o);
+  ASSERT_EQ(s.buckets.size(), 2u);
+  EXPECT_NEAR(s.buckets[0].end_ms, 4 + 2 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.buckets[1].start_ms, 7, 1e-9);
+  EXPECT_NEAR(s.buckets[1].end_ms, 7 + 4 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.optimizer_ms, 0.25, 1e-9);
+  EXPECT_NEAR(s.gather_ms, 6 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.comm_ms, 12 * kMiB / 1e6, 1e-9);  // the all-reduce's time, in two halves
+  EXPECT_NEAR(s.bytes_sent, predict_step(p, two_replicas()).bytes_sent, 1e-6);
+  EXPECT_NEAR(s.exposed_comm_ms, 4 * kMiB / 1e6 + 6 * kMiB / 1e6, 1e-9);
+  EXPECT_NEAR(s.step_ms, 7.25 + s.exposed_comm_ms, 1e-9);
+  // Fully exposed (one bucket after backward): the halves add up to the
+  // all-reduce, and only the optimizer's saving is left.
+  o.bucket_mb = 0;
+  StepOptions dp = two_replicas();
+  dp.bucket_mb = 0;
+  EXPECT_NEAR(predict_step(p, o).step_ms, predict_step(p, dp).step_ms - 0.25, 1e-9);
+  // Not with another schedule or with bf16, which lockstep does not train that way.
+  o.bf16 = true;
+  EXPECT_THROW(predict_step(p, o), InvalidArgument);
+}
+
 TEST(StepCost, OneReplicaNeverCommunicates) {
   StepOptions o = two_replicas();
   o.replicas = 1;

@@ -63,6 +63,12 @@ struct StepOptions {
   Launch launch = Launch::Buckets;
   double cycle_ms = 5;            // Cycles only: Horovod's HOROVOD_CYCLE_TIME (5 ms until v0.21)
   bool bf16 = false;              // half the bytes on the wire
+  // ZeRO-1 as `lockstep train --zero 1` runs it (docs/cost-model.md,
+  // "ZeRO-1, trained"): each bucket is reduce-scattered on the ring in
+  // backward (half the ring all-reduce's rounds and bytes, all of its
+  // reduction), the optimizer updates 1/N of the parameters, and the weights
+  // are all-gathered after it (the other half, exposed). Buckets only, not bf16.
+  bool zero1 = false;
   double reduce_bytes_per_s = 0;  // gamma; 0 = free
   int host_cores = 0;             // the replicas share this many cores; 0 = a device each
   double host_latency_s = 0;      // software cost per message hand-off, per round
@@ -93,6 +99,7 @@ struct StepPrediction {
   double comm_ms = 0;                                        // sum of the buckets' all-reduces
   double alpha_ms = 0, beta_ms = 0, gamma_ms = 0;            // comm_ms split by term
   double exposed_comm_ms = 0;                                // past the end of backward
+  double gather_ms = 0;                                      // zero1: the weights' all-gather (in comm and exposed)
   double negotiation_ms = 0;                                 // Cycles: all agreements of a step, hidden or not
   double step_ms = 0;                                        // compute + exposed
   double gradient_bytes = 0;                                 // fp32, per replica
