@@ -74,6 +74,7 @@ PlanRow plan_row(const Profile& profile, const PlanOptions& o, int replicas) {
   check_options(o);
   StepOptions so = o.step;
   so.replicas = replicas;
+  so.optimizer_passes = optimizer_passes(o.optimizer);
   PlanRow r{.replicas = replicas, .step = predict_step(profile, so)};
   so.replicas = 1;
   const double one = predict_step(profile, so).step_ms;

@@ -170,7 +170,12 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
   s.backward_ms = f * bwd * o.accumulate;
   s.sharing = f;
   const bool sharded = o.zero1 && o.replicas > 1;
-  s.optimizer_ms = f * profile.optimizer_ms() / (sharded ? o.replicas : 1);  // ZeRO-1: its own 1/N
+  // ZeRO-1: its own 1/N, and the zeroing of the other gradients (one pass).
+  const double n_replicas = double(o.replicas);
+  const double optimizer_share =
+      !sharded ? 1
+               : 1 / n_replicas + (o.optimizer_passes > 0 ? (n_replicas - 1) / n_replicas / o.optimizer_passes : 0);
+  s.optimizer_ms = f * profile.optimizer_ms() * optimizer_share;
   s.compute_ms = s.forward_ms + s.backward_ms + s.optimizer_ms;
   s.straggler_ms = (s.forward_ms + s.backward_ms) * (1 - 1 / slowest);
 

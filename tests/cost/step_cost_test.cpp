@@ -90,6 +90,11 @@ TEST(StepCost, ZeroOneReduceScattersInBackwardAndGathersAfterTheOptimizer) {
   EXPECT_NEAR(s.bytes_sent, predict_step(p, two_replicas()).bytes_sent, 1e-6);
   EXPECT_NEAR(s.exposed_comm_ms, 4 * kMiB / 1e6 + 6 * kMiB / 1e6, 1e-9);
   EXPECT_NEAR(s.step_ms, 7.25 + s.exposed_comm_ms, 1e-9);
+  // An optimizer of 5 passes over memory still zeroes the other half of the
+  // gradients: 1/2 + 1/2 x 1/5 of its time.
+  StepOptions passes = o;
+  passes.optimizer_passes = 5;
+  EXPECT_NEAR(predict_step(p, passes).optimizer_ms, 0.5 * 0.6, 1e-9);
   // Fully exposed (one bucket after backward): the halves add up to the
   // all-reduce, and only the optimizer's saving is left.
   o.bucket_mb = 0;

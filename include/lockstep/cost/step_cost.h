@@ -69,6 +69,11 @@ struct StepOptions {
   // reduction), the optimizer updates 1/N of the parameters, and the weights
   // are all-gathered after it (the other half, exposed). Buckets only, not bf16.
   bool zero1 = false;
+  // With zero1: the optimizer's passes over memory per parameter that the
+  // profile's optimizer time stands for (plan.cpp's optimizer_passes). The
+  // sharded step makes them over 1/N of the parameters, plus one more over
+  // the other (N-1)/N: it still zeroes every gradient. 0: only the 1/N.
+  double optimizer_passes = 0;
   double reduce_bytes_per_s = 0;  // gamma; 0 = free
   int host_cores = 0;             // the replicas share this many cores; 0 = a device each
   double host_latency_s = 0;      // software cost per message hand-off, per round
