@@ -174,6 +174,9 @@ void check_flag_combinations(const TrainFlags& f) {
   if (c.check_every == 0 && given("--on-divergence"))
     throw InvalidArgument("--on-divergence acts when the divergence check finds replicas apart, and --check-every 0 "
                           "turns the check off; give --check-every N or leave --on-divergence out.");
+  if (c.zero == 1 && !f.profile_file.empty())
+    throw InvalidArgument("--profile records the replicated step for lockstep plan, whose --zero 1 shards it itself; "
+                          "run --profile without --zero 1.");
   if (c.model == "mlp" && given("--bn-stats"))
     throw InvalidArgument("--bn-stats chooses how batch-norm statistics are kept, and --model mlp has none; leave "
                           "it out.");
@@ -327,6 +330,9 @@ int run_train(TrainFlags& f) {
   const bool in_group = backend_of(f.group) != comm::Backend::Threads;
   check_flag_combinations(f);
   check_nodes(f.group, c.replicas, c.algorithm, c.link.enabled());
+  if (c.zero == 1 && f.group.per_node > 0)
+    throw InvalidArgument("--per-node groups replicas for the hierarchical all-reduce, and --zero 1 reduce-scatters "
+                          "and all-gathers on one flat ring; leave one of them out.");
   c.ranks_per_node = f.group.per_node;
   if (!in_group) check_outputs(f);
 

@@ -339,7 +339,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         sample.spans.emplace_back(bt.start, bt.end);
         out.traffic.gradients += bt.bytes_sent;
         out.traffic.gradient_messages += bt.messages_sent;
-        recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce bucket " + std::to_string(k), bt.start,
+        recorder.add(Track::Comm, Phase::Allreduce, step,
+                     (sharded ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(k), bt.start,
                      bt.end, bt.bytes_sent);
       }
       if (sync_buffers) {  // --bn-stats sync: every replica applies the mean of the replicas' updates

@@ -124,7 +124,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   if (r.replicas > 1 && t0.gradients > 0) {
     if (t0.gradient_messages == 0) {  // in-process, also as the threads backend's --algorithm native
-      s += r.zero == 1 ? "               counted by the shared-memory reduce-scatter and all-gather, which send no "
+      s += r.zero == 1 && !c.deterministic
+                       ? "               counted by the shared-memory reduce-scatter and all-gather, which send no "
                          "messages: what the other replicas read of this one's gradients plus what it writes into "
                          "their weights"
                        : "               counted by the shared-memory all-reduce, which sends no messages: what the "
@@ -187,7 +188,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
        "), " + human_bytes(double(all.repair + all.unaccounted + all.weights)) + " after" +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
-       (all.repair > 0 ? " (re-broadcast with the optimizer state by " + std::to_string(r.repairs) +
+       (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by " : " (re-broadcast with the optimizer state by ") +
+                              std::to_string(r.repairs) +
                               " --on-divergence repair" + (r.repairs == 1 ? "" : "s") + ")"
                         : "") +
        "; activations: " + human_bytes(double(all.unaccounted)) + "\n";

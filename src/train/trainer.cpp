@@ -274,6 +274,17 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
       throw InvalidArgument("--inject names step " + std::to_string(f.step) + ", past the run's last step (" +
                             std::to_string(total_steps - 1) + "); the fault would never happen.");
     }
+    // --zero 1: the next all-gather overwrites a flipped weight with its
+    // owner's, or copies it to every replica; only a check in the flip's own
+    // step sees it (Zero.AFlippedWeightIsSeenOnlyInItsOwnStep).
+    const bool checked_step = c.check_every > 0 && ((f.step + 1) % c.check_every == 0 || f.step == total_steps - 1);
+    if (f.kind == Fault::Kind::BitFlip && c.zero == 1 && c.replicas > 1 && !checked_step) {
+      throw InvalidArgument("--inject bitflip@" + std::to_string(f.step) +
+                            " under --zero 1 is seen only by a divergence check in that same step: the next "
+                            "all-gather overwrites the flipped weight with its owner's, or copies it to every "
+                            "replica, and no comparison sees it then. Flip at a checked step (K-1, 2K-1, ... with "
+                            "--check-every K, or the last), or leave out --zero 1.");
+    }
   }
   auto probe = make_model(c, data.train.features, data.train.num_classes);
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {

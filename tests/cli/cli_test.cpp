@@ -571,6 +571,18 @@ TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
   EXPECT_GT(j["bytes"]["weights_all_gathered_per_step_per_replica"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(run(common + "--zero 1 --replicas 1").code, 2);
   EXPECT_EQ(run(common + "--zero 2").code, 2);
+  // A profile of a sharded step would be sharded twice by lockstep plan --zero 1.
+  const CliRun profile = run(common + "--zero 1 --profile " + (dir / "p.json").string());
+  EXPECT_EQ(profile.code, 2);
+  EXPECT_NE(profile.output.find("run --profile without --zero 1"), std::string::npos) << profile.output;
+  EXPECT_FALSE(fs::exists(dir / "p.json"));
+  // The flat ring reads no nodes.
+  EXPECT_EQ(run(common + "--zero 1 --per-node 2 --link-bandwidth 1Gbit").code, 2);
+  // A flip the next all-gather hides is refused; one in a checked step is caught.
+  EXPECT_EQ(run(common + "--zero 1 --inject bitflip@2:1").code, 2);
+  const CliRun caught = run(common + "--zero 1 --inject bitflip@5:1");  // the last step is always checked
+  EXPECT_EQ(caught.code, 1);
+  EXPECT_NE(caught.output.find("replicas diverged by step 5"), std::string::npos) << caught.output;
 }
 
 TEST(Cli, BadSafetensorsInitIsNamed) {
