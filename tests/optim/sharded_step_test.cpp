@@ -45,8 +45,11 @@ void expect_ranges_match_whole(const Make& make) {
           ASSERT_EQ(sharded->state()[s * owned + at], whole->state()[s * n + i]) << "slot " << s << " i " << i;
       }
     }
-    for (std::size_t i = 0; i < n; ++i)
-      if (!in_range[i]) ASSERT_EQ(w_sharded[i], w_start[i]) << "a weight outside the ranges moved, i " << i;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!in_range[i]) {
+        ASSERT_EQ(w_sharded[i], w_start[i]) << "a weight outside the ranges moved, i " << i;
+      }
+    }
   }
   EXPECT_EQ(sharded->steps_taken(), 3);
 }

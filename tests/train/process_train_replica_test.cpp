@@ -58,7 +58,7 @@ std::vector<TrainResult> run_replicas(const TrainConfig& c, const data::ImageCla
 // its own shard and the weights are all-gathered.
 TEST(TrainReplica, EveryRankMatchesTrainBitForBit) {
   const auto data = synthetic_data(600);
-  for (int zero : {0, 1})
+  for (int zero : {0, 1}) {
   for (int n : {1, 3, 4}) {
     if (zero == 1 && n == 1) continue;  // refused: nothing to shard with
     SCOPED_TRACE("replicas " + std::to_string(n) + ", zero " + std::to_string(zero));
@@ -87,10 +87,13 @@ TEST(TrainReplica, EveryRankMatchesTrainBitForBit) {
         EXPECT_EQ(one.traffic[q].init_broadcast, whole.traffic[q].init_broadcast);
         EXPECT_EQ(one.traffic[q].control, whole.traffic[q].control);
         EXPECT_EQ(one.traffic[q].weights, whole.traffic[q].weights);
-        if (zero == 1 && n > 1) EXPECT_GT(one.traffic[q].weights, 0u);
+        if (zero == 1 && n > 1) {
+          EXPECT_GT(one.traffic[q].weights, 0u);
+        }
         EXPECT_EQ(one.traffic[q].unaccounted, 0u);
       }
     }
+  }
   }
 }
 
