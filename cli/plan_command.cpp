@@ -185,7 +185,8 @@ int run_plan(PlanFlags& f) {
   s.compute_cv = f.compute_cv;
   s.bf16 = f.compress == "bf16";
   s.zero1 = f.zero == 1;
-  if (s.zero1 && s.bf16) throw InvalidArgument("--zero 1 reduce-scatters in float32 (as lockstep train does); leave out --compress bf16.");
+  if (s.zero1 && s.bf16)
+    throw InvalidArgument("--zero 1 reduce-scatters in float32 (as lockstep train does); leave out --compress bf16.");
   if (s.zero1 && f.algorithm != "best" && f.algorithm != "auto" && f.algorithm != "ring")
     throw InvalidArgument("--zero 1 reduce-scatters and all-gathers on the ring (as lockstep train does); leave out "
                           "--algorithm " + f.algorithm + ".");

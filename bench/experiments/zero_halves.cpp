@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 int main() {
   const int n = 2;
   const std::size_t count = 669706;
-  auto comms = with_modelled_link(make_thread_group({.world_size = n}),
-                                  LinkModel{.bytes_per_second = 125e6, .latency = std::chrono::microseconds(50)});
+  auto comms =
+      with_modelled_link(make_thread_group({.world_size = n}),
+                         LinkModel{.bytes_per_second = 125e6, .latency = std::chrono::microseconds(50)});
   std::vector<double> whole(n), scatter(n), gather(n);
   std::vector<std::thread> ranks;
   for (int r = 0; r < n; ++r) {

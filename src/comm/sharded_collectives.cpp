@@ -57,17 +57,20 @@ void sharded_half(Communicator& comm, std::span<float> data, const AllreduceOpti
   if (algorithm == Algorithm::Auto) algorithm = shared ? Algorithm::SharedMemory : Algorithm::Ring;
   fp.algorithm = static_cast<std::uint32_t>(algorithm);
   if (algorithm == Algorithm::Ring) {
-    fp.segment_bytes = options.ring_segment_bytes != 0 ? options.ring_segment_bytes : detail::kRingSegmentBytes;
+    fp.segment_bytes =
+        options.ring_segment_bytes != 0 ? options.ring_segment_bytes : detail::kRingSegmentBytes;
   }
   detail::run_collective(comm, fp, [&] {
     if (algorithm != Algorithm::Ring && algorithm != Algorithm::SharedMemory) {
-      throw InvalidArgument(std::string("a sharded step reduce-scatters and all-gathers with the ring or shared "
-                                        "memory, not ") +
-                            to_string(algorithm) + "; use algorithm auto or ring");
+      throw InvalidArgument(
+          std::string("a sharded step reduce-scatters and all-gathers with the ring or shared "
+                      "memory, not ") +
+          to_string(algorithm) + "; use algorithm auto or ring");
     }
     if (algorithm == Algorithm::SharedMemory) {
       if (!shared) throw InvalidArgument("the shared_memory reduce-scatter needs the threads backend");
-      return reduce ? native->reduce_scatter(data, fp, options.verify) : native->all_gather(data, fp, options.verify);
+      return reduce ? native->reduce_scatter(data, fp, options.verify)
+                    : native->all_gather(data, fp, options.verify);
     }
     if (options.verify) comm.check_fingerprint(fp);
     std::vector<int> everyone(static_cast<std::size_t>(n));
@@ -76,7 +79,8 @@ void sharded_half(Communicator& comm, std::span<float> data, const AllreduceOpti
     if (reduce) {
       detail::ring_rounds(comm, ring, data, op, fp.sequence, options.ring_segment_bytes, 0, n - 1, n);
     } else {
-      detail::ring_rounds(comm, ring, data, op, fp.sequence, options.ring_segment_bytes, n - 1, 2 * (n - 1), 0);
+      detail::ring_rounds(comm, ring, data, op, fp.sequence, options.ring_segment_bytes, n - 1, 2 * (n - 1),
+                          0);
     }
   });
 }

@@ -126,7 +126,8 @@ Alternative as_alternative(const PlanRow& r, std::string name, std::string detai
 
 std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptions& o, int n) {
   const PlanRow base = plan_row(profile, o, n);
-  std::vector<Alternative> out{as_alternative(base, o.step.zero1 ? "data parallel, ZeRO-1" : "data parallel", "as planned")};
+  std::vector<Alternative> out{
+      as_alternative(base, o.step.zero1 ? "data parallel, ZeRO-1" : "data parallel", "as planned")};
   // The ZeRO-2 and -3 outlines start from replicated data parallelism, also
   // when the plan is ZeRO-1 (--zero 1).
   PlanOptions replicated = o;

@@ -163,7 +163,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   std::size_t sentinel_mine = 0;
   if (sharded && !c.deterministic) {
     const auto& last = reducer.buckets().back();  // plan() checked it has a value for every rank
-    for (int r = 0; r < comm.size(); ++r) sentinel_at.push_back(last.offset + comm::shard_range(last.numel, r, comm.size()).first);
+    for (int r = 0; r < comm.size(); ++r)
+      sentinel_at.push_back(last.offset + comm::shard_range(last.numel, r, comm.size()).first);
     sentinel_mine = sentinel_at[static_cast<std::size_t>(rank)];
   }
   Recorder recorder(out.recorded_timeline, rank, s.t0);

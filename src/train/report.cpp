@@ -188,7 +188,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
        "), " + human_bytes(double(all.repair + all.unaccounted + all.weights)) + " after" +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
-       (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by " : " (re-broadcast with the optimizer state by ") +
+       (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by "
+                                                  : " (re-broadcast with the optimizer state by ") +
                               std::to_string(r.repairs) +
                               " --on-divergence repair" + (r.repairs == 1 ? "" : "s") + ")"
                         : "") +
@@ -217,7 +218,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     const double steps_time = double(r.steps) * r.times.step_ms;
     std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
                   steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
-    const bool buffers_compared = !r.buffer_layout.tensors().empty() && (c.bn_stats == BnStats::Sync || c.deterministic);
+    const bool buffers_compared =
+        !r.buffer_layout.tensors().empty() && (c.bn_stats == BnStats::Sync || c.deterministic);
     const char* state = r.zero == 1 ? " (the optimizer state is sharded: each replica's is its own)" : "";
     s += std::string(r.zero == 1 ? (buffers_compared ? "weights and buffers" : "weights")
                      : buffers_compared ? "weights, optimizer state and buffers"

@@ -42,7 +42,8 @@ void expect_ranges_match_whole(const Make& make) {
         ASSERT_EQ(std::bit_cast<std::uint32_t>(w_sharded[i]), std::bit_cast<std::uint32_t>(w_whole[i]))
             << "step " << step << " i " << i;
         for (std::size_t s = 0; s < whole->slot_names().size(); ++s)
-          ASSERT_EQ(sharded->state()[s * owned + at], whole->state()[s * n + i]) << "slot " << s << " i " << i;
+          ASSERT_EQ(sharded->state()[s * owned + at], whole->state()[s * n + i])
+              << "slot " << s << " i " << i;
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -55,7 +56,8 @@ void expect_ranges_match_whole(const Make& make) {
 }
 
 TEST(ShardedStep, SgdWithMomentumMatchesTheWholeOptimizer) {
-  expect_ranges_match_whole([](std::size_t n) { return make_sgd(n, {.momentum = 0.9f, .weight_decay = 1e-4f}); });
+  expect_ranges_match_whole(
+      [](std::size_t n) { return make_sgd(n, {.momentum = 0.9f, .weight_decay = 1e-4f}); });
 }
 
 TEST(ShardedStep, SgdNesterovMatchesTheWholeOptimizer) {

@@ -55,7 +55,8 @@ TEST(Zero, ShardedTrainingGivesTheReplicatedWeightsBitForBit) {
         const auto a = train(replicated, data);
         const auto b = train(sharded, data);
         ASSERT_GT(a.buckets.size(), 2u);
-        if (algorithm == comm::Algorithm::Auto && n == 8) {  // the shared-memory halves on the reducer's thread
+        if (algorithm == comm::Algorithm::Auto &&
+            n == 8) {  // the shared-memory halves on the reducer's thread
           auto overlapped = sharded;
           overlapped.overlap = Overlap::On;
           EXPECT_TRUE(same_bits(a.params, train(overlapped, data).params)) << opt << " overlap on";
@@ -74,7 +75,8 @@ TEST(Zero, OverlappedOverAModelledLinkToo) {
   const auto data = synthetic_data(1024);
   auto replicated = zero_config(4);
   replicated.overlap = Overlap::On;
-  replicated.algorithm = comm::Algorithm::Ring;  // auto takes halving-doubling for buckets this small: other sums
+  replicated.algorithm =
+      comm::Algorithm::Ring;  // auto takes halving-doubling for buckets this small: other sums
   replicated.link.bytes_per_second = 10e9;
   replicated.link.latency = std::chrono::microseconds(5);
   auto sharded = replicated;
@@ -97,7 +99,8 @@ TEST(Zero, EachReplicaHoldsItsShardAndSendsWhatAnAllreduceSends) {
   std::map<std::int64_t, std::map<int, std::vector<float>>> weights;
   std::map<int, std::size_t> state_floats;
   TrainHooks hooks;
-  hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p, std::span<const float> s) {
+  hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p,
+                              std::span<const float> s) {
     std::lock_guard lock(mu);
     weights[step][rank].assign(p.begin(), p.end());
     state_floats[rank] = s.size();
@@ -111,9 +114,11 @@ TEST(Zero, EachReplicaHoldsItsShardAndSendsWhatAnAllreduceSends) {
   }
   EXPECT_EQ(total, 2 * params);
   EXPECT_EQ(b.optimizer_state_bytes_whole, 2 * params * sizeof(float));
-  EXPECT_LE(b.optimizer_state_bytes, b.optimizer_state_bytes_whole / 4 + 2 * b.buckets.size() * sizeof(float));
+  EXPECT_LE(b.optimizer_state_bytes,
+            b.optimizer_state_bytes_whole / 4 + 2 * b.buckets.size() * sizeof(float));
   for (const auto& [step, ranks] : weights)
-    for (const auto& [rank, w] : ranks) EXPECT_TRUE(same_bits(w, ranks.at(0))) << "step " << step << " rank " << rank;
+    for (const auto& [rank, w] : ranks)
+      EXPECT_TRUE(same_bits(w, ranks.at(0))) << "step " << step << " rank " << rank;
 
   auto replicated = sharded;
   replicated.zero = 0;
@@ -136,27 +141,29 @@ TEST(Zero, EachReplicaHoldsItsShardAndSendsWhatAnAllreduceSends) {
 // own chunk, so all skip the step together and stay identical.
 TEST(Zero, ANonFiniteGradientIsSkippedByEveryReplica) {
   for (auto algorithm : {comm::Algorithm::Auto, comm::Algorithm::Ring}) {
-  SCOPED_TRACE(comm::to_string(algorithm));
-  auto c = zero_config(4);
-  c.zero = 1;
-  c.algorithm = algorithm;
-  c.inject = {fault_from_string("nan@4:2")};
-  std::mutex mu;
-  std::map<std::int64_t, std::map<int, std::vector<float>>> weights;
-  TrainHooks hooks;
-  hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p, std::span<const float>) {
-    std::lock_guard lock(mu);
-    weights[step][rank].assign(p.begin(), p.end());
-  };
-  const auto r = train(c, synthetic_data(1024), hooks);
-  ASSERT_EQ(r.skipped.size(), 1u);
-  EXPECT_EQ(r.skipped[0].step, 4);
-  EXPECT_EQ(r.skipped[0].ranks, std::vector<int>{2});
-  for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_TRUE(same_bits(weights[4][rank], weights[3][rank])) << "rank " << rank << " applied the skipped step";
-    EXPECT_FALSE(same_bits(weights[5][rank], weights[4][rank])) << "rank " << rank << " did not go on";
-    EXPECT_TRUE(same_bits(weights[11][rank], weights[11][0]));
-  }
+    SCOPED_TRACE(comm::to_string(algorithm));
+    auto c = zero_config(4);
+    c.zero = 1;
+    c.algorithm = algorithm;
+    c.inject = {fault_from_string("nan@4:2")};
+    std::mutex mu;
+    std::map<std::int64_t, std::map<int, std::vector<float>>> weights;
+    TrainHooks hooks;
+    hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p,
+                                std::span<const float>) {
+      std::lock_guard lock(mu);
+      weights[step][rank].assign(p.begin(), p.end());
+    };
+    const auto r = train(c, synthetic_data(1024), hooks);
+    ASSERT_EQ(r.skipped.size(), 1u);
+    EXPECT_EQ(r.skipped[0].step, 4);
+    EXPECT_EQ(r.skipped[0].ranks, std::vector<int>{2});
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_TRUE(same_bits(weights[4][rank], weights[3][rank]))
+          << "rank " << rank << " applied the skipped step";
+      EXPECT_FALSE(same_bits(weights[5][rank], weights[4][rank])) << "rank " << rank << " did not go on";
+      EXPECT_TRUE(same_bits(weights[11][rank], weights[11][0]));
+    }
   }
 }
 
