@@ -65,6 +65,9 @@ struct RingGroup {
 // mean_over > 0 the completed chunk is scaled by 1/mean_over.
 void ring_rounds(Communicator& comm, const RingGroup& group, std::span<float> data, ReduceOp op,
                  std::uint64_t sequence, std::size_t segment_bytes, int first, int last, int mean_over);
+// The same over every rank of `comm`, in rank order (the flat ring).
+void ring_rounds(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t sequence,
+                 std::size_t segment_bytes, int first, int last, int mean_over);
 
 // The algorithms proper; the front door has numbered the call (`sequence`)
 // and checked its fingerprint.

@@ -100,12 +100,17 @@ void ring_rounds(Communicator& comm, const RingGroup& g, std::span<float> data, 
   }
 }
 
+void ring_rounds(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq,
+                 std::size_t segment_bytes, int first, int last, int mean_over) {
+  std::vector<int> everyone(static_cast<std::size_t>(comm.size()));
+  for (int i = 0; i < comm.size(); ++i) everyone[static_cast<std::size_t>(i)] = i;
+  ring_rounds(comm, {everyone, comm.rank(), 0}, data, op, seq, segment_bytes, first, last, mean_over);
+}
+
 void ring_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq,
                     std::size_t segment_bytes) {
   const int n = comm.size();
-  std::vector<int> everyone(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) everyone[static_cast<std::size_t>(i)] = i;
-  ring_rounds(comm, {everyone, comm.rank(), 0}, data, op, seq, segment_bytes, 0, 2 * (n - 1), n);
+  ring_rounds(comm, data, op, seq, segment_bytes, 0, 2 * (n - 1), n);
 }
 
 }  // namespace lockstep::comm::detail

@@ -13,7 +13,6 @@
 // Together: the bytes, rounds and sums of one all-reduce, so a sharded step
 // communicates what a replicated one does (2P(N-1)/N), and its reduced chunks
 // are the same bits as that algorithm's all-reduce gives.
-#include <vector>
 
 #include "algorithms.h"
 #include "fingerprint.h"
@@ -73,15 +72,9 @@ void sharded_half(Communicator& comm, std::span<float> data, const AllreduceOpti
                     : native->all_gather(data, fp, options.verify);
     }
     if (options.verify) comm.check_fingerprint(fp);
-    std::vector<int> everyone(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) everyone[static_cast<std::size_t>(i)] = i;
-    const detail::RingGroup ring{everyone, comm.rank(), 0};
-    if (reduce) {
-      detail::ring_rounds(comm, ring, data, op, fp.sequence, options.ring_segment_bytes, 0, n - 1, n);
-    } else {
-      detail::ring_rounds(comm, ring, data, op, fp.sequence, options.ring_segment_bytes, n - 1, 2 * (n - 1),
-                          0);
-    }
+    // Rounds 0 .. N-2 of the ring all-reduce, or N-1 .. 2N-3.
+    if (reduce) return detail::ring_rounds(comm, data, op, fp.sequence, options.ring_segment_bytes, 0, n - 1, n);
+    detail::ring_rounds(comm, data, op, fp.sequence, options.ring_segment_bytes, n - 1, 2 * (n - 1), 0);
   });
 }
 

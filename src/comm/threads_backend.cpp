@@ -147,9 +147,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   void allreduce(std::span<float> data, const Fingerprint& fp, bool verify) override {
     detail::shared_memory_allreduce(*hub_, rank_, data, fp, verify, timeout());
     const std::size_t chunk = data.size() * (rank_ + 1) / size_ - data.size() * rank_ / size_;
-    const std::uint64_t sent = (data.size() - chunk + chunk * (size_ - 1)) * sizeof(float);
-    bytes_sent_ += sent;
-    bytes_received_ += sent;
+    count_sent((data.size() - chunk + chunk * (size_ - 1)) * sizeof(float));
   }
   // Counted as allreduce() counts its two phases: the part of this buffer
   // other ranks read, then this rank's chunk written into N-1 others.
