@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/comm/collectives.h"
+#include "tags.h"
 
 namespace lockstep::comm::detail {
 
@@ -33,11 +34,6 @@ inline int ring_segments(std::size_t chunk_bytes, int rounds, std::size_t segmen
   // 2(N-1) rounds overflow 16 bits, and then tags collide whatever m is).
   const std::size_t most = std::max<std::size_t>(1, 0xffffu / static_cast<std::size_t>(rounds > 0 ? rounds : 1));
   return static_cast<int>(wanted < 1 ? 1 : wanted > most ? most : wanted);
-}
-
-// Tag of round `round` of collective number `sequence`.
-inline std::uint64_t make_tag(std::uint64_t sequence, std::uint32_t round) {
-  return (sequence << 16) | (round & 0xffffu);
 }
 
 // acc[i] = op(acc[i], in[i]) for Sum/Mean (sum), Max, Min.

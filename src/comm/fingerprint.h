@@ -8,11 +8,9 @@
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
+#include "tags.h"
 
 namespace lockstep::comm::detail {
-
-// Tags with the top bit set are the library's own channels, never a collective's round.
-inline constexpr std::uint64_t kFingerprintTag = std::uint64_t{1} << 63;
 
 // Fails at once on an aborted communicator; otherwise numbers the call.
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,

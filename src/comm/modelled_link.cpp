@@ -111,11 +111,6 @@ struct Board {
   std::map<std::tuple<int, int, std::uint64_t>, Channel> channels;  // by (src, dst, tag); guarded by mu
 };
 
-std::string describe_tag(std::uint64_t tag) {
-  if (tag == detail::kFingerprintTag) return "(fingerprint check)";
-  return "(collective seq " + std::to_string(tag >> 16) + ", round " + std::to_string(tag & 0xffff) + ")";
-}
-
 // Sleeps until `target`; throws CommAborted if the group is aborted meanwhile
 // (noticed within kAbortPoll).
 void sleep_until(const Communicator& comm, Clock::time_point target) {
@@ -147,8 +142,8 @@ struct Transfer {
     if (due > deadline_after(timeout, started)) {
       const std::string msg = "rank " + std::to_string(comm->rank()) +
                               (is_send ? ": send to" : ": recv from") + " rank " + std::to_string(peer) +
-                              " timed out after " + std::to_string(timeout.count()) + " ms " +
-                              describe_tag(tag) + ": the modelled link (" + link.describe() + ") " +
+                              " timed out after " + std::to_string(timeout.count()) + " ms (" +
+                              detail::describe_tag(tag) + "): the modelled link (" + link.describe() + ") " +
                               (is_send ? "is busy with the " : "delivers the ") + std::to_string(bytes) +
                               "-byte message until " + format_ms(due - started) + " after the wait began";
       comm->abort(msg);
@@ -167,8 +162,8 @@ struct Transfer {
     try {
       if (!comm->abort_reason().empty()) return;  // an error is already unwinding the step
       comm->abort("rank " + std::to_string(comm->rank()) + (is_send ? ": a send to" : ": a receive from") +
-                  " rank " + std::to_string(peer) + " " + describe_tag(tag) +
-                  " was dropped before it completed, which the modelled link cannot take back");
+                  " rank " + std::to_string(peer) + " (" + detail::describe_tag(tag) +
+                  ") was dropped before it completed, which the modelled link cannot take back");
     } catch (...) {  // a destructor: never throws
     }
   }

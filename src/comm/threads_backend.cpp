@@ -17,6 +17,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "tags.h"
 #include "threads_hub.h"
 
 namespace lockstep::comm {
@@ -63,9 +64,8 @@ class ThreadWork final : public Work {
       }
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout && op_->state == OpState::kParked) {
         const std::string msg = describe(*op_, owner_) + " timed out after " +
-                                std::to_string(timeout.count()) + " ms (collective seq " +
-                                std::to_string(op_->tag >> 16) + ", round " +
-                                std::to_string(op_->tag & 0xffff) + ")";
+                                std::to_string(timeout.count()) + " ms (" +
+                                detail::describe_tag(op_->tag) + ")";
         unpark_locked();
         hub_->abort_locked(msg);
         throw TimeoutError(msg);

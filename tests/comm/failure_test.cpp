@@ -140,5 +140,45 @@ TEST(ThreadGroup, TheLongestTimeoutWaitsInsteadOfOverflowing) {
   }
 }
 
+// A timeout names what the rank waited for: a program's own message by its
+// tag, a collective's by its sequence number and round. Tags share one space
+// with the collectives', and a program's tag 7 used to be reported as
+// "collective seq 0, round 7".
+TEST(ThreadGroup, ATimeoutNamesAProgramsTagAndACollectivesRound) {
+  auto program = run_ranks(
+      2,
+      [](Communicator& comm) {
+        std::vector<std::byte> buf(16);
+        if (comm.rank() == 1) comm.irecv(0, 7, buf)->wait(std::chrono::milliseconds(100));  // never sent
+      },
+      std::chrono::seconds(10));
+  ASSERT_TRUE(program[1]);
+  try {
+    std::rethrow_exception(program[1]);
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("recv from rank 0 timed out after 100 ms (tag 7)"), std::string::npos)
+        << e.what();
+  }
+
+  auto collective = run_ranks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // late to its first round
+          return;
+        }
+        std::vector<float> data(64, 1.0f);
+        allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring, .verify = false});
+      },
+      std::chrono::milliseconds(100));
+  ASSERT_TRUE(collective[1]);
+  try {
+    std::rethrow_exception(collective[1]);
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("timed out after 100 ms (collective seq 0, round 0)"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::comm

@@ -47,5 +47,19 @@ TEST(MpiTags, CollectivesFewerThanAWindowApartNeverShareATag) {
   }
 }
 
+// Errors name a tag by who made it: the library keeps bits 62 and 63, so a
+// program's tag (below 2^62) is never described as a collective's round.
+TEST(MpiTags, DescribeTagTellsAProgramsTagsFromTheLibrarys) {
+  EXPECT_EQ(describe_tag(7), "tag 7");
+  EXPECT_EQ(describe_tag((std::uint64_t{1} << 62) - 1), "tag " + std::to_string((std::uint64_t{1} << 62) - 1));
+  EXPECT_EQ(describe_tag(make_tag(0, 7)), "collective seq 0, round 7");
+  EXPECT_EQ(describe_tag(make_tag(599, 4)), "collective seq 599, round 4");
+  EXPECT_EQ(describe_tag(kFingerprintTag), "fingerprint check");
+  EXPECT_EQ(describe_tag(kLibraryChannelBit | 2), "library channel 2");
+  // The MPI fold keeps a collective's slot where the window argument above puts it.
+  const std::uint64_t w = mpi_tag_window(2147483647);
+  EXPECT_EQ(to_mpi_tag(make_tag(5, 3), w), static_cast<int>((1 + 5) << 16 | 3));
+}
+
 }  // namespace
 }  // namespace lockstep::comm::detail

@@ -131,12 +131,14 @@ class Communicator {
   // the returned Work completes. Messages between one pair with one tag are
   // matched in order.
   //
-  // Tags are one space shared with the collectives, which use (sequence << 16
-  // | round) and, with the top bit set, library channels; the MPI backend
-  // also folds tags into MPI's narrower range (mpi_tags.h). So a program's
-  // own messages must not be in flight while a collective runs on the same
-  // communicator (complete them first, or give them a communicator of their
-  // own). Between collectives any tag below 2^63 is free, with one rule for
+  // Tags below 2^62 are the program's own; the library keeps the two top
+  // bits (collectives' rounds under bit 62, its own channels under bit 63),
+  // so an error names a program's message as "tag 7", never as a
+  // collective's. The MPI backend folds every tag into MPI's narrower range
+  // (mpi_tags.h), where a program's tags can meet a collective's; so a
+  // program's own messages must not be in flight while a collective runs on
+  // the same communicator (complete them first, or give them a communicator
+  // of their own). Between collectives any tag below 2^62 is free, with one rule for
   // the MPI backend, which keeps only a tag's low 16 bits and its upper bits
   // modulo MPI's range: two of a program's messages in flight at once
   // between one pair of ranks need tags that differ in their low 16 bits.

@@ -68,11 +68,6 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
   return what;
 }
 
-std::string describe_tag(std::uint64_t tag) {
-  if (tag == detail::kFingerprintTag) return "fingerprint check";
-  return "collective seq " + std::to_string(tag >> 16) + ", round " + std::to_string(tag & 0xffff);
-}
-
 bool is_timeout(const std::string& what) {
   return what.find("Timed out waiting") != std::string::npos;
 }
@@ -173,7 +168,7 @@ void GlooCommunicator::transport_failed(const std::string& op, int peer, std::ui
                                         const std::string& what, Duration timeout) {
   if (!abort_reason().empty()) throw_aborted();
   const std::string me = "rank " + std::to_string(rank_);
-  const std::string where = " (" + describe_tag(tag) + ")";
+  const std::string where = " (" + detail::describe_tag(tag) + ")";
   if (is_timeout(what)) {
     const std::string msg =
         me + ": " + op + " timed out after " + std::to_string(timeout.count()) + " ms" + where;

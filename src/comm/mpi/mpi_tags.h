@@ -1,12 +1,14 @@
 // Private: our 64-bit tags in MPI's tag space [0, MPI_TAG_UB].
 //
-// A lockstep tag is (sequence << 16 | round) for round `round` of collective
-// number `sequence` (algorithms.h: make_tag), or a library channel with the
-// top bit set (the fingerprint ring, fingerprint.h). MPI tags are ints, at
+// A lockstep tag is (sequence << 16 | round) under bit 62 for round `round`
+// of collective number `sequence`, a library channel with the top bit set
+// (the fingerprint ring), or a program's own below 2^62 (tags.h). MPI tags are ints, at
 // most MPI_TAG_UB (2^31 - 1 in OpenMPI's ob1; the standard promises only
 // 2^15 - 1), so the sequence number is kept modulo a window W:
 //
 //   MPI tag = slot << 16 | round,  slot = 1 + sequence mod (W - 1),
+//                                  (bit 62 dropped; a program's tag t
+//                                  folds as sequence t >> 16, round t & 0xffff)
 //                                  W = (MPI_TAG_UB + 1) >> 16  (32768 in ob1)
 //   slot 0 holds the library channels: round 0 the fingerprint ring, and
 //   0xffff this backend's abort notices.
@@ -43,11 +45,11 @@
 #include <cstdint>
 #include <string>
 
+#include "../tags.h"
 #include "lockstep/error.h"
 
 namespace lockstep::comm::detail {
 
-inline constexpr std::uint64_t kLibraryChannelBit = std::uint64_t{1} << 63;
 inline constexpr int kAbortNoticeMpiTag = 0xffff;  // slot 0, round 0xffff
 
 // The number of sequence slots available under `tag_ub` (MPI_TAG_UB).
@@ -63,15 +65,9 @@ inline int to_mpi_tag(std::uint64_t tag, std::uint64_t window) {
     LOCKSTEP_CHECK(channel < 0xffffu, "library channel tags are 0 .. 0xfffe");
     return static_cast<int>(channel);
   }
-  const std::uint64_t slot = 1 + (tag >> 16) % (window - 1);
+  const std::uint64_t slot = 1 + ((tag & ~kCollectiveTagBit) >> 16) % (window - 1);
   return static_cast<int>(slot << 16 | round);
 }
 
-// For error messages: "collective seq 12, round 3" or "fingerprint check".
-inline std::string describe_tag(std::uint64_t tag) {
-  if (tag == kLibraryChannelBit) return "fingerprint check";
-  if (tag & kLibraryChannelBit) return "library channel " + std::to_string(tag & 0xffff);
-  return "collective seq " + std::to_string(tag >> 16) + ", round " + std::to_string(tag & 0xffff);
-}
 
 }  // namespace lockstep::comm::detail
