@@ -100,7 +100,7 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
       throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
     }
     if (algorithm == Algorithm::Native && (native == nullptr || native->shares_memory())) {
-      throw InvalidArgument("the native all-reduce needs a transport library's backend (--backend gloo or mpi)");
+      throw InvalidArgument("the native all-reduce needs a transport library's backend, Gloo or MPI (--backend gloo or mpi)");
     }
     if (algorithm == Algorithm::SharedMemory || algorithm == Algorithm::Native) {
       return native->allreduce(data, fp, options.verify);

@@ -83,7 +83,7 @@ NodeLayout require_node_layout(const Communicator& comm) {
   if (!layout) {
     throw InvalidArgument(
         "the hierarchical all-reduce needs to know which ranks share a node, with the same number of "
-        "ranks on every node; this backend or layout does not give that (use --algorithm ring)");
+        "ranks on every node; this backend or layout does not give that (use the ring: Algorithm::Ring, --algorithm ring)");
   }
   return *std::move(layout);
 }

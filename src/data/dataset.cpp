@@ -38,7 +38,7 @@ fs::path find_file(const fs::path& dir, const std::string& name) {
     }
   }
   fail(dir, "no " + name + " or " + name +
-                ".gz in this directory; pass --data DIR pointing at an "
+                ".gz in this directory; point the data directory (--data DIR) at an "
                 "IDX data set (MNIST layout, e.g. Fashion-MNIST)");
 }
 
@@ -63,7 +63,7 @@ IdxHeaderCheck within(Budget& budget, const fs::path& path, double per_byte) {
       throw InvalidArgument(path.string() + ": its " + std::to_string(header.dims[0]) + " entries take " +
                             std::to_string(static_cast<long long>(need / 1e6)) + " MB in memory, more than the " +
                             std::to_string(static_cast<long long>(std::max(0.0, *budget) / 1e6)) +
-                            " MB left free for the data; give --data a smaller data set.");
+                            " MB left free for the data; give a smaller data set (--data DIR).");
     }
     *budget -= need;
   };
@@ -135,11 +135,11 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
                                                   const DatasetOptions& options) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    fail(dir, "is a file; pass --data the directory that holds the IDX files (MNIST layout, e.g. Fashion-MNIST)");
+    fail(dir, "is a file; give the directory (--data DIR) that holds the IDX files (MNIST layout, e.g. Fashion-MNIST)");
   }
   if (!fs::is_directory(dir, ec)) {
     fail(dir,
-         "no such directory; pass --data DIR pointing at an IDX data set (MNIST layout, "
+         "no such directory; point the data directory (--data DIR) at an IDX data set (MNIST layout, "
          "e.g. Fashion-MNIST)");
   }
   const fs::path train_images = find_file(dir, kTrainImages);

@@ -70,7 +70,7 @@ void check_same_layout(comm::Communicator& comm, const std::vector<Bucket>& buck
     if (std::memcmp(&all[4 * r], &all[0], 4 * sizeof(float)) != 0) {
       throw InvalidArgument("the gradient bucket layout of rank " + std::to_string(r) +
                             " differs from rank 0's; every replica must build the same model with the same "
-                            "--bucket-mb and --first-bucket-mb");
+                            "bucket_mb and first_bucket_mb (--bucket-mb, --first-bucket-mb)");
     }
   }
 }
@@ -177,8 +177,8 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
       throw InvalidArgument("the reducer's tensors hold " + std::to_string(total) +
                             " floats but the gradient span " + std::to_string(grads.size()));
     }
-    s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "--first-bucket-mb"),
-                               mib_to_bytes(options.bucket_mb, "--bucket-mb"));
+    s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "first_bucket_mb (--first-bucket-mb)"),
+                               mib_to_bytes(options.bucket_mb, "bucket_mb (--bucket-mb)"));
     if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
         options.algorithm != comm::Algorithm::Ring) {
       throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +

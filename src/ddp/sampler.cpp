@@ -37,7 +37,7 @@ DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
                           std::to_string(o.micro_batch) + " = " +
                           (overflows ? std::string("2^63 or more") : std::to_string(global_batch_)) +
                           ") is larger than the data set (" + std::to_string(o.dataset_size) +
-                          " samples); lower --micro-batch or --replicas.");
+                          " samples); lower the micro-batch or the world size (--micro-batch, --replicas).");
   }
   steps_per_epoch_ = o.dataset_size / global_batch_;
   if (o.last_batch == LastBatch::Keep && o.dataset_size % global_batch_ != 0) ++steps_per_epoch_;

@@ -32,7 +32,7 @@ std::vector<float> read_layout(const std::filesystem::path& path, const Safetens
     }
     if (d->shape != t.shape) {
       throw IoError(path.string() + ": tensor '" + t.name + "' has shape " + shape_str(d->shape) +
-                    " but the model needs " + shape_str(t.shape) + "; check --model, --hidden and the data set.");
+                    " but the model needs " + shape_str(t.shape) + "; check the model and its hidden sizes (--model, --hidden) and the data set.");
     }
     std::copy(d->data.begin(), d->data.end(), out.begin() + static_cast<std::ptrdiff_t>(t.offset));
   }

@@ -277,7 +277,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"bench train --data " + dir.string(), "global batches of up to 256 samples"},
       {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
       {"bench allreduce --sizes 0x10", "use decimal bytes"},  // strtod read it as 16 bytes
-      {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; pass --data the directory"},
+      {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; give the directory (--data DIR) that holds"},
       {"launch --nproc 2 train --steps 2", "goes after --"},
       {"train --replicas 1 --steps 1 --inject same-seed --data " + dir.string(), "needs 2 or more replicas"},
       // Before the rendezvous: a rank started alone waited its whole timeout.
@@ -285,7 +285,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
            (dir / "rdv").string() + " --data " + dir.string(),
        "--replicas 3 does not match the world size 2"},
       {"train --backend gloo --world-size 2 --rendezvous file:" + (dir / "rdv").string() + " --data " + dir.string(),
-       "no rank given; give each process its own --rank R"},
+       "no rank given; give each process its own rank (--rank R"},
       {"train --backend gloo --world-size 2 --rank 0 --rendezvous-timeout 600 --link-bandwidth 1Gbit --rendezvous "
        "file:" + (dir / "rdv").string() + " --data " + dir.string(),
        "a modelled link (--link-bandwidth/--link-latency) is for the threads backend"},

@@ -185,7 +185,7 @@ TEST_F(DatasetTest, ADataSetPastTheMemoryBudgetIsRefusedNamingTheFile) {
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("train-images-idx3-ubyte"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("give --data a smaller data set"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("give a smaller data set (--data DIR)"), std::string::npos) << msg;
   }
 }
 

@@ -79,6 +79,9 @@ struct Fault {
 // "bitflip@20:3", "nan@5:0", "throw@2:1", "same-seed"; throws InvalidArgument on anything else.
 Fault fault_from_string(std::string_view spec);
 
+// Each field is the `lockstep train` flag of the same name (micro_batch is
+// --micro-batch, check_every --check-every), and train()'s errors name the
+// flags: a program reads "--zero 1" as `zero = 1`.
 struct TrainConfig {
   int replicas = 8;
   std::int64_t micro_batch = 32;

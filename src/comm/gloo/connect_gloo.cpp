@@ -25,7 +25,7 @@ std::string address_towards(const std::string& host, int port) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) {
-    throw IoError("rendezvous host '" + host + "' cannot be resolved; give --bind ADDRESS");
+    throw IoError("rendezvous host '" + host + "' cannot be resolved; give bind an address of this host (--bind ADDRESS)");
   }
   const int fd = ::socket(res->ai_family, SOCK_DGRAM, 0);
   std::string out;
@@ -40,7 +40,7 @@ std::string address_towards(const std::string& host, int port) {
   }
   if (fd >= 0) ::close(fd);
   ::freeaddrinfo(res);
-  if (out.empty()) throw IoError("no route to rendezvous host '" + host + "'; give --bind ADDRESS");
+  if (out.empty()) throw IoError("no route to rendezvous host '" + host + "'; give bind an address of this host (--bind ADDRESS)");
   return out;
 }
 
@@ -49,24 +49,24 @@ std::string address_towards(const std::string& host, int port) {
 std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   const ProcessGroupOptions o = with_environment(given);
   if (o.world_size == -1) {
-    throw InvalidArgument("gloo: no world size given; give --world-size N (or WORLD_SIZE), the number of processes "
+    throw InvalidArgument("gloo: no world size given; give world_size (--world-size N, or WORLD_SIZE), the number of processes "
                           "in the job.");
   }
   if (o.world_size < 1) {
     throw InvalidArgument("gloo: world size " + std::to_string(o.world_size) +
-                          " (give --world-size N or WORLD_SIZE, N >= 1)");
+                          " (give world_size, --world-size N or WORLD_SIZE, N >= 1)");
   }
   if (o.rank == -1) {
-    throw InvalidArgument("gloo: no rank given; give each process its own --rank R (or RANK), 0 to " +
+    throw InvalidArgument("gloo: no rank given; give each process its own rank (--rank R, or RANK), 0 to " +
                           std::to_string(o.world_size - 1) + ".");
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw InvalidArgument("gloo: rank " + std::to_string(o.rank) + " is not in [0, " +
-                          std::to_string(o.world_size) + ") (give --rank R or RANK)");
+                          std::to_string(o.world_size) + ") (give rank, --rank R or RANK)");
   }
   if (o.rendezvous.empty()) {
     throw InvalidArgument(
-        "gloo: no rendezvous (give --rendezvous file:DIR or redis://HOST:PORT, or "
+        "gloo: no rendezvous (give rendezvous, --rendezvous file:DIR or redis://HOST:PORT, or "
         "LOCKSTEP_RENDEZVOUS)");
   }
   using gloo_backend::kMaxTimeout;  // Gloo's waits overflow far beyond it
@@ -102,7 +102,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
         throw InvalidArgument("rank " + std::to_string(o.rank) + ": ranks on several hosts (" + hosts[o.rank] +
                               ", and " + hosts[i] + " for rank " + std::to_string(i) +
                               ") share a file rendezvous, which listens on loopback unless told: give every "
-                              "rank --bind with its host's address, or use redis://HOST:PORT");
+                              "rank bind (--bind) with its host's address, or use redis://HOST:PORT");
       }
     }
     const std::string bind = !o.bind.empty()     ? o.bind

@@ -134,7 +134,7 @@ void authenticate_peers(Mesh& mesh, const std::string& secret, const std::string
       throw Error("rank " + std::to_string(r) + ": peer rank " + std::to_string(i) + " at " +
                   mesh.peer_address(i) + " failed to prove the job secret" +
                   (secret.empty() ? " (this rank has none)" : "") +
-                  "; refused. Every rank must use the same --secret-file and job id");
+                  "; refused. Every rank must use the same secret_file (--secret-file) and job id");
     }
   }
 }

@@ -113,7 +113,7 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
 // address for" in all of these cases.
 void check_bind_address(const std::string& me, const std::string& bind) {
   const std::string head = me + ": cannot listen on '" + bind + "': ";
-  const std::string remedy = "; give --bind one of this host's addresses or host names.";
+  const std::string remedy = "; give bind (--bind) one of this host's addresses or host names.";
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -208,7 +208,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     const std::string what = strip_location(e.what());
     if (what.find("Unable to find address for") != std::string::npos) {  // bound here a moment ago, not now
       throw IoError(me + ": cannot listen on '" + bind + "': no address of that name could be bound (" + what +
-                    "); give --bind one of this host's addresses or host names.");
+                    "); give bind (--bind) one of this host's addresses or host names.");
     }
     throw IoError(me + ": cannot listen on '" + bind + "': " + what);
   }
@@ -275,7 +275,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   const auto timed_out = [&](int i, const std::string& how) {
     return TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
                         std::to_string(i) + " at " + peer_addresses_[i] + how + "; check that rank " +
-                        std::to_string(i) + " runs and can be reached there, or raise --rendezvous-timeout.");
+                        std::to_string(i) + " runs and can be reached there, or raise rendezvous_timeout (--rendezvous-timeout).");
   };
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -304,7 +304,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   if (watch.stop()) {
     throw TimeoutError("rendezvous " + store.address() + ": " + me +
                        " connected to its peers just as the deadline came, which closed the connections; raise "
-                       "--rendezvous-timeout.");
+                       "rendezvous_timeout (--rendezvous-timeout).");
   }
 }
 

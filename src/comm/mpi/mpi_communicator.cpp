@@ -211,11 +211,11 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
   };
   if (options.rank >= 0 && options.rank != rank) {
     refuse("MPI says this process is rank " + std::to_string(rank) + " but rank " + std::to_string(options.rank) +
-           " was asked for (mpirun assigns ranks: leave out --rank)");
+           " was asked for (mpirun assigns ranks: leave rank, --rank, unset)");
   }
   if (options.world_size >= 0 && options.world_size != size) {
     refuse("rank " + std::to_string(rank) + ": MPI says the world size is " + std::to_string(size) + " but " +
-           std::to_string(options.world_size) + " was asked for (mpirun -np sets it: leave out --world-size)");
+           std::to_string(options.world_size) + " was asked for (mpirun -np sets it: leave world_size, --world-size, unset)");
   }
   if (static_cast<std::uint64_t>(size) + 1 >= channel->tag_window()) {
     refuse("rank " + std::to_string(rank) + ": this MPI's tag space (MPI_TAG_UB) leaves room for " +
