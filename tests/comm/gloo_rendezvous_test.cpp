@@ -21,6 +21,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "comm/gloo/mesh.h"
+#include "comm/gloo/store.h"
 #include "lockstep/error.h"
 #include "gloo_group.h"
 #include "redis_server.h"
@@ -93,6 +94,29 @@ TEST_F(GlooRendezvous, DuplicateRankIsRefusedAtOnce) {
     named += e.log.find("rank 1 was claimed twice") != std::string::npos;
   }
   EXPECT_EQ(named, 3) << "every rank names the duplicate";
+}
+
+// A claim from another host cannot be checked for a live process: the
+// refusal says so and gives both remedies, instead of calling it a duplicate.
+TEST_F(GlooRendezvous, AClaimFromAnotherHostIsNamedAsUncheckable) {
+  const auto rdv = dir_ / "rdv";
+  std::filesystem::create_directories(rdv);
+  {
+    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep");
+    ASSERT_TRUE(store.set_if_absent("rank/1", "0123456789abcdef 2 otherhost 4242 another-boot:1:2"));
+  }
+  GlooGroup group(dir_);
+  auto a = args(2);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  group.spawn(1, a);
+  const auto exits = group.wait_all(20s);  // refused at once, well before the rendezvous timeout
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("rank 1 is already claimed by pid 4242 on otherhost, which this host cannot check"),
+            std::string::npos)
+      << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("use a fresh rendezvous directory or another job id"), std::string::npos)
+      << contains_msg(exits[0]);
 }
 
 // A rank killed during rendezvous (Ctrl-C) leaves its claim in the store.

@@ -217,9 +217,18 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
   }
   if (!held || parse(*held).nonce != nonce) {
     const Registration other = held ? parse(*held) : Registration{};
-    refuse(store, where + ": " + me + " was claimed twice (also by pid " + std::to_string(other.pid) +
-                      " on " + other.host + "); every process needs its own rank. If that was an " +
-                      "earlier job, use a fresh rendezvous directory or another job id");
+    const std::string here = pid_space();
+    if (here != "?" && other.pid_space == here) {  // checked: that process is running
+      refuse(store, where + ": " + me + " was claimed twice (also by pid " + std::to_string(other.pid) +
+                        " on " + other.host + ", still running); every process needs its own rank");
+    }
+    // Another host's claim (or one whose process this host cannot check):
+    // a live process's, or one left by an earlier job killed during its
+    // rendezvous there; the store cannot tell which.
+    refuse(store, where + ": " + me + " is already claimed by pid " + std::to_string(other.pid) + " on " +
+                      other.host + ", which this host cannot check. If that process runs, every process " +
+                      "needs its own rank; if it was an earlier job that died there, use a fresh rendezvous " +
+                      "directory or another job id");
   }
 
   // 2. Agree on the world size.
