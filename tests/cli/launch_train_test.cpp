@@ -293,6 +293,46 @@ TEST_F(LaunchTrain, DeterministicRunsAreTheSameBitsOnThreadsGlooAndMpi) {
   }
 }
 
+// --zero 1 over processes: the ring's reduce-scatter and all-gather over
+// Gloo's pairs (and MPI's point-to-point) add the same numbers in the same
+// order as the ring all-reduce over threads, and each rank updates its own
+// shard; the final weights are the threads backend's --zero 0 bits.
+TEST_F(LaunchTrain, ZeroOneOverGlooAndMpiTrainsTheThreadsBackendsWeights) {
+  const auto data = make_data_dir("zero");
+  const std::string mpiexec = LOCKSTEP_MPIEXEC;
+  const int n = 3;
+  const auto dir = run_dir("zero");
+  auto args_saving = [&](const std::string& name, const std::string& zero) {
+    auto a = train_args(data, {"--steps", "8", "--algorithm", "ring", "--optimizer", "adamw", "--lr", "0.01",
+                               "--zero", zero});
+    a.insert(a.end(), {"--save", (dir / (name + ".safetensors")).string()});
+    return a;
+  };
+  auto threads_args = args_saving("threads", "0");
+  threads_args.insert(threads_args.end(), {"--replicas", std::to_string(n)});
+  CliRun threads(run_dir("zero_threads"), threads_args);
+  ASSERT_EQ(threads.wait(), 0) << threads.err();
+  const std::string want = read_file(dir / "threads.safetensors");
+  ASSERT_GT(want.size(), 600u);
+
+  CliRun gloo(run_dir("zero_gloo"), launch_args(n, args_saving("gloo", "1")));
+  ASSERT_EQ(gloo.wait(), 0) << gloo.err();
+  EXPECT_TRUE(read_file(dir / "gloo.safetensors") == want) << "gloo's --zero 1 weights differ from threads' --zero 0";
+  EXPECT_NE(gloo.out().find("optimizer state"), std::string::npos) << gloo.out();
+
+  if (mpiexec.empty()) return;  // built without the MPI backend
+  for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
+  setenv("OMPI_MCA_btl", "self,vader", 0);
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
+  std::vector<std::string> mpi_args = {"-np", std::to_string(n), "--oversubscribe", LOCKSTEP_CLI};
+  const auto train = args_saving("mpi", "1");
+  mpi_args.insert(mpi_args.end(), train.begin(), train.end());
+  mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
+  CliRun mpi(run_dir("zero_mpi"), mpi_args, mpiexec);
+  ASSERT_EQ(mpi.wait(), 0) << mpi.err();
+  EXPECT_TRUE(read_file(dir / "mpi.safetensors") == want) << "mpi's --zero 1 weights differ from threads' --zero 0";
+}
+
 TEST_F(LaunchTrain, AThrowingRankStopsEveryRankAndIsNamed) {
   const auto data = make_data_dir("throw");
   CliRun r(run_dir("throw"), launch_args(3, train_args(data, {"--steps", "50", "--inject", "throw@2:1"})));
