@@ -152,13 +152,15 @@ TEST(ThreadGroup, ATimeoutNamesAProgramsTagAndACollectivesRound) {
         if (comm.rank() == 1) comm.irecv(0, 7, buf)->wait(std::chrono::milliseconds(100));  // never sent
       },
       std::chrono::seconds(10));
-  ASSERT_TRUE(program[1]);
-  try {
-    std::rethrow_exception(program[1]);
-  } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("recv from rank 0 timed out after 100 ms (tag 7)"), std::string::npos)
-        << e.what();
-  }
+  const auto expect_timeout_naming = [](const std::exception_ptr& error, const std::string& text) {
+    ASSERT_TRUE(error);
+    try {
+      std::rethrow_exception(error);
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_timeout_naming(program[1], "recv from rank 0 timed out after 100 ms (tag 7)");
 
   auto collective = run_ranks(
       2,
@@ -171,13 +173,7 @@ TEST(ThreadGroup, ATimeoutNamesAProgramsTagAndACollectivesRound) {
         allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring, .verify = false});
       },
       std::chrono::milliseconds(100));
-  ASSERT_TRUE(collective[1]);
-  try {
-    std::rethrow_exception(collective[1]);
-  } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("timed out after 100 ms (collective seq 0, round 0)"), std::string::npos)
-        << e.what();
-  }
+  expect_timeout_naming(collective[1], "timed out after 100 ms (collective seq 0, round 0)");
 }
 
 }  // namespace
