@@ -36,6 +36,15 @@ inline int ring_segments(std::size_t chunk_bytes, int rounds, std::size_t segmen
   return static_cast<int>(wanted < 1 ? 1 : wanted > most ? most : wanted);
 }
 
+// Blocking send and receive of a collective's own tags (make_tag), with the
+// communicator's timeout; comm::send and comm::recv take a program's tags only.
+inline void send_tagged(Communicator& comm, int peer, std::uint64_t tag, std::span<const std::byte> data) {
+  comm.post_send(peer, tag, data)->wait(comm.timeout());
+}
+inline void recv_tagged(Communicator& comm, int peer, std::uint64_t tag, std::span<std::byte> data) {
+  comm.post_recv(peer, tag, data)->wait(comm.timeout());
+}
+
 // acc[i] = op(acc[i], in[i]) for Sum/Mean (sum), Max, Min.
 void reduce_into(std::span<float> acc, std::span<const float> in, ReduceOp op);
 // Final step of Mean: data[i] *= 1/world_size. No-op for other ops.

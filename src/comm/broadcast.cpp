@@ -27,9 +27,9 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
     std::uint32_t round = 0;
     for (int step = 1; step < n; step <<= 1, ++round) {
       if (v < step) {
-        if (v + step < n) send(comm, (v + step + root) % n, detail::make_tag(seq, round), data);
+        if (v + step < n) detail::send_tagged(comm, (v + step + root) % n, detail::make_tag(seq, round), data);
       } else if (v < 2 * step) {
-        recv(comm, (v - step + root) % n, detail::make_tag(seq, round), data);
+        detail::recv_tagged(comm, (v - step + root) % n, detail::make_tag(seq, round), data);
       }
     }
   });

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "lockstep/error.h"
+#include "tags.h"
 
 namespace lockstep::comm {
 
@@ -34,6 +35,28 @@ void Communicator::set_timeout(Duration timeout) {
 std::span<std::byte> Communicator::scratch(std::size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return {scratch_.data(), bytes};
+}
+
+namespace {
+
+void check_program_tag(Communicator& comm, const char* call, std::uint64_t tag) {
+  if (tag >= detail::kCollectiveTagBit) {
+    refuse_call(comm, std::string(call) + " was given tag " + std::to_string(tag) +
+                          ", which is the library's (2^62 and above carry its collectives and channels); a " +
+                          "program's tags are below 2^62");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Work> Communicator::isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+  check_program_tag(*this, "isend", tag);
+  return post_send(peer, tag, data);
+}
+
+std::unique_ptr<Work> Communicator::irecv(int peer, std::uint64_t tag, std::span<std::byte> data) {
+  check_program_tag(*this, "irecv", tag);
+  return post_recv(peer, tag, data);
 }
 
 void send(Communicator& comm, int peer, std::uint64_t tag, std::span<const std::byte> data) {

@@ -73,10 +73,10 @@ void Communicator::check_fingerprint(const Fingerprint& fp) {
   if (n == 1) return;
   Fingerprint left{};
   const int r = comm.rank();
-  auto recv_work = comm.irecv((r - 1 + n) % n, detail::kFingerprintTag,
+  auto recv_work = comm.post_recv((r - 1 + n) % n, detail::kFingerprintTag,
                               std::as_writable_bytes(std::span<Fingerprint>(&left, 1)));
   auto send_work =
-      comm.isend((r + 1) % n, detail::kFingerprintTag, std::as_bytes(std::span<const Fingerprint>(&fp, 1)));
+      comm.post_send((r + 1) % n, detail::kFingerprintTag, std::as_bytes(std::span<const Fingerprint>(&fp, 1)));
   try {
     recv_work->wait(comm.timeout());
     send_work->wait(comm.timeout());

@@ -40,11 +40,11 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
   // 0. Fold the extra ranks into their even neighbours.
   if (r < 2 * extra) {
     if (r % 2 == 1) {
-      send(comm, r - 1, fold_tag, std::as_bytes(data));
-      recv(comm, r - 1, unfold_tag, std::as_writable_bytes(data));  // 3.
+      send_tagged(comm, r - 1, fold_tag, std::as_bytes(data));
+      recv_tagged(comm, r - 1, unfold_tag, std::as_writable_bytes(data));  // 3.
       return;
     }
-    recv(comm, r + 1, fold_tag, std::as_writable_bytes(std::span<float>(tmp, data.size())));
+    recv_tagged(comm, r + 1, fold_tag, std::as_writable_bytes(std::span<float>(tmp, data.size())));
     reduce_into(data, std::span<const float>(tmp, data.size()), op);
   }
   const int v = r < 2 * extra ? r / 2 : r - extra;
@@ -56,7 +56,7 @@ void halving_doubling_allreduce(Communicator& comm, std::span<float> data, Reduc
   halving_doubling_rounds(comm, data, op, seq, 1, v, distances, real_rank);
 
   // 3. Unfold.
-  if (r < 2 * extra) send(comm, r + 1, unfold_tag, std::as_bytes(data));
+  if (r < 2 * extra) send_tagged(comm, r + 1, unfold_tag, std::as_bytes(data));
 }
 
 }  // namespace lockstep::comm::detail

@@ -166,8 +166,8 @@ void hierarchical_allreduce(Communicator& comm, std::span<float> data, ReduceOp 
     for (int l = 0; l < g; ++l) {
       if (l == local) continue;
       const int peer = mine[static_cast<std::size_t>(l)];
-      e.push_back(comm.irecv(peer, tag, std::as_writable_bytes(landing_of(k, l, chunk_of(p, local).size()))));
-      e.push_back(comm.isend(peer, tag, std::as_bytes(chunk_of(p, l))));
+      e.push_back(comm.post_recv(peer, tag, std::as_writable_bytes(landing_of(k, l, chunk_of(p, local).size()))));
+      e.push_back(comm.post_send(peer, tag, std::as_bytes(chunk_of(p, l))));
     }
     return e;
   };
@@ -190,8 +190,8 @@ void hierarchical_allreduce(Communicator& comm, std::span<float> data, ReduceOp 
     for (int l = 0; l < g; ++l) {
       if (l == local) continue;
       const int peer = mine[static_cast<std::size_t>(l)];
-      ag.push_back(comm.irecv(peer, tag, std::as_writable_bytes(chunk_of(p, l))));
-      ag.push_back(comm.isend(peer, tag, std::as_bytes(own)));
+      ag.push_back(comm.post_recv(peer, tag, std::as_writable_bytes(chunk_of(p, l))));
+      ag.push_back(comm.post_send(peer, tag, std::as_bytes(own)));
     }
     gathers.push_back(std::move(ag));
   }

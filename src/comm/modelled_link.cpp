@@ -262,7 +262,7 @@ class ModelledLinkCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+  std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     const int me = rank();
     const std::tuple key{me, peer, tag};
     Clock::time_point free_before;
@@ -279,7 +279,7 @@ class ModelledLinkCommunicator final : public Communicator {
     }
     std::unique_ptr<Work> work;
     try {
-      work = inner_->isend(peer, tag, data);
+      work = inner_->post_send(peer, tag, data);
     } catch (...) {
       // Never posted: take it back (only this rank sends on this channel and link).
       std::lock_guard lock(board_->mu);
@@ -292,8 +292,8 @@ class ModelledLinkCommunicator final : public Communicator {
     return std::make_unique<SendWork>(std::move(work), transfer(peer, tag, data.size(), true), link_free);
   }
 
-  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
-    auto work = inner_->irecv(peer, tag, data);
+  std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+    auto work = inner_->post_recv(peer, tag, data);
     std::uint64_t number = 0;
     {
       std::lock_guard lock(board_->mu);

@@ -13,19 +13,19 @@ namespace lockstep::comm::detail {
 void naive_allreduce(Communicator& comm, std::span<float> data, ReduceOp op, std::uint64_t seq) {
   const int n = comm.size();
   if (comm.rank() != 0) {
-    send(comm, 0, make_tag(seq, 0), std::as_bytes(data));
-    recv(comm, 0, make_tag(seq, 1), std::as_writable_bytes(data));
+    send_tagged(comm, 0, make_tag(seq, 0), std::as_bytes(data));
+    recv_tagged(comm, 0, make_tag(seq, 1), std::as_writable_bytes(data));
     return;
   }
   auto scratch_bytes = comm.scratch(data.size_bytes());
   std::span<float> tmp(reinterpret_cast<float*>(scratch_bytes.data()), data.size());
   for (int peer = 1; peer < n; ++peer) {
-    recv(comm, peer, make_tag(seq, 0), std::as_writable_bytes(tmp));
+    recv_tagged(comm, peer, make_tag(seq, 0), std::as_writable_bytes(tmp));
     reduce_into(data, tmp, op);
   }
   finish(data, op, n);
   for (int peer = 1; peer < n; ++peer) {
-    send(comm, peer, make_tag(seq, 1), std::as_bytes(data));
+    send_tagged(comm, peer, make_tag(seq, 1), std::as_bytes(data));
   }
 }
 

@@ -32,8 +32,8 @@ void halving_doubling_rounds(Communicator& comm, std::span<float> data, ReduceOp
     const Segment keep = keep_low ? Segment{seg.begin, mid} : Segment{mid, seg.end};
     const Segment give = keep_low ? Segment{mid, seg.end} : Segment{seg.begin, mid};
     const std::uint64_t tag = make_tag(seq, round++);
-    auto rw = comm.irecv(partner, tag, std::as_writable_bytes(std::span<float>(tmp, keep.end - keep.begin)));
-    auto sw = comm.isend(partner, tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
+    auto rw = comm.post_recv(partner, tag, std::as_writable_bytes(std::span<float>(tmp, keep.end - keep.begin)));
+    auto sw = comm.post_send(partner, tag, std::as_bytes(data.subspan(give.begin, give.end - give.begin)));
     rw->wait(comm.timeout());
     reduce_into(data.subspan(keep.begin, keep.end - keep.begin),
                 std::span<const float>(tmp, keep.end - keep.begin), op);
@@ -51,9 +51,9 @@ void halving_doubling_rounds(Communicator& comm, std::span<float> data, ReduceOp
     const Segment theirs =
         seg.begin == whole.begin ? Segment{seg.end, whole.end} : Segment{whole.begin, seg.begin};
     const std::uint64_t tag = make_tag(seq, round++);
-    auto rw = comm.irecv(partner, tag,
+    auto rw = comm.post_recv(partner, tag,
                          std::as_writable_bytes(data.subspan(theirs.begin, theirs.end - theirs.begin)));
-    auto sw = comm.isend(partner, tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
+    auto sw = comm.post_send(partner, tag, std::as_bytes(data.subspan(seg.begin, seg.end - seg.begin)));
     rw->wait(comm.timeout());
     sw->wait(comm.timeout());
     seg = whole;

@@ -72,10 +72,10 @@ void ring_rounds(Communicator& comm, const RingGroup& g, std::span<float> data, 
     if (round >= last) return;
     auto into = landing(round);
     for (int j = 0; j < m; ++j)
-      recvs[round].push_back(comm.irecv(left, tag(round, j), std::as_writable_bytes(segment(into, j))));
+      recvs[round].push_back(comm.post_recv(left, tag(round, j), std::as_writable_bytes(segment(into, j))));
   };
   auto post_send = [&](int round, std::span<const float> seg, int j) {
-    if (round < last) sends[round].push_back(comm.isend(right, tag(round, j), std::as_bytes(seg)));
+    if (round < last) sends[round].push_back(comm.post_send(right, tag(round, j), std::as_bytes(seg)));
   };
 
   post_recvs(first);

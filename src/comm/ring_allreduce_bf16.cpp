@@ -80,7 +80,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
   auto post_recv = [&](int round) -> std::unique_ptr<Work> {
     if (round >= rounds) return nullptr;
     const auto into = round < n - 1 ? wire(round) : chunk(r - (round - (n - 1)));  // all-gather: in place
-    return comm.irecv(left, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_writable_bytes(into));
+    return comm.post_recv(left, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_writable_bytes(into));
   };
 
   // Note [Receive ahead]
@@ -101,7 +101,7 @@ void ring_allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, Redu
   std::vector<std::unique_ptr<Work>> recvs(static_cast<std::size_t>(rounds));
   auto sent_in = [&](int round) { return round < n - 1 ? chunk(r - round) : chunk(r + 1 - (round - (n - 1))); };
   auto send = [&](int round) {
-    return comm.isend(right, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_bytes(sent_in(round)));
+    return comm.post_send(right, detail::make_tag(seq, static_cast<std::uint32_t>(round)), std::as_bytes(sent_in(round)));
   };
   recvs[0] = post_recv(0);
   if (n > 2) recvs[1] = post_recv(1);

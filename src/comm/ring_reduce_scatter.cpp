@@ -45,8 +45,8 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
       auto recv_chunk = chunk(r - s - 2);
       const std::uint64_t tag = detail::make_tag(fp.sequence, static_cast<std::uint32_t>(s));
       auto rw =
-          comm.irecv((r - 1 + n) % n, tag, std::as_writable_bytes(std::span<float>(tmp, recv_chunk.size())));
-      auto sw = comm.isend((r + 1) % n, tag, std::as_bytes(send_chunk));
+          comm.post_recv((r - 1 + n) % n, tag, std::as_writable_bytes(std::span<float>(tmp, recv_chunk.size())));
+      auto sw = comm.post_send((r + 1) % n, tag, std::as_bytes(send_chunk));
       rw->wait(comm.timeout());
       detail::reduce_into(recv_chunk, std::span<const float>(tmp, recv_chunk.size()), op);
       sw->wait(comm.timeout());
@@ -72,8 +72,8 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
     std::copy(in.begin(), in.end(), at(r).begin());
     for (int s = 0; s < n - 1; ++s) {
       const std::uint64_t tag = detail::make_tag(fp.sequence, static_cast<std::uint32_t>(s));
-      auto rw = comm.irecv((r - 1 + n) % n, tag, std::as_writable_bytes(at(r - s - 1)));
-      auto sw = comm.isend((r + 1) % n, tag, std::as_bytes(at(r - s)));
+      auto rw = comm.post_recv((r - 1 + n) % n, tag, std::as_writable_bytes(at(r - s - 1)));
+      auto sw = comm.post_send((r + 1) % n, tag, std::as_bytes(at(r - s)));
       rw->wait(comm.timeout());
       sw->wait(comm.timeout());
     }

@@ -108,7 +108,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+  std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     check_peer(peer, "send to");
     bytes_sent_ += data.size();
     ++messages_sent_;
@@ -116,7 +116,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
     return post(op, hub_->parked_recvs[peer], hub_->parked_sends[peer]);
   }
 
-  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+  std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
     check_peer(peer, "recv from");
     bytes_received_ += data.size();
     auto op = std::make_shared<Op>(Op{peer, rank_, tag, false, nullptr, data.data(), data.size()});

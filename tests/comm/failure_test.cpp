@@ -176,5 +176,33 @@ TEST(ThreadGroup, ATimeoutNamesAProgramsTagAndACollectivesRound) {
   expect_timeout_naming(collective[1], "timed out after 100 ms (collective seq 0, round 0)");
 }
 
+// Tags of 2^62 and above are the library's: a program's message there could
+// be taken by a collective's receive (a review made one rank's all-reduce
+// return the program's bytes, silently). isend and irecv refuse them, and
+// the peer waiting for the message hears of it at once.
+TEST(ThreadGroup, AProgramsTagInTheLibrarysRangeIsRefused) {
+  auto errors = run_ranks(
+      2,
+      [](Communicator& comm) {
+        std::vector<std::byte> buf(16);
+        if (comm.rank() == 0) {
+          EXPECT_THROW(comm.isend(1, std::uint64_t{1} << 62, buf), InvalidArgument);
+          EXPECT_THROW(comm.irecv(1, ~std::uint64_t{0}, buf), InvalidArgument);
+        } else {
+          comm.irecv(0, 3, buf)->wait(std::chrono::seconds(30));  // woken by the abort, not the timeout
+        }
+      },
+      std::chrono::seconds(30));
+  EXPECT_FALSE(errors[0]);
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const CommAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0: isend was given tag 4611686018427387904, which is the library's"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::comm

@@ -36,13 +36,13 @@ class CrossNodeCounter final : public Communicator {
   }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+  std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     const auto nodes = inner_->nodes();
     if (!nodes.empty() && nodes[peer] != nodes[rank()]) *cross_ += data.size();
-    return inner_->isend(peer, tag, data);
+    return inner_->post_send(peer, tag, data);
   }
-  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
-    return inner_->irecv(peer, tag, data);
+  std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+    return inner_->post_recv(peer, tag, data);
   }
   void abort(const std::string& reason) override { inner_->abort(reason); }
   std::string abort_reason() const override { return inner_->abort_reason(); }

@@ -18,14 +18,14 @@ class PointToPointOnly final : public comm::Communicator {
   }
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
-  std::unique_ptr<comm::Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+  std::unique_ptr<comm::Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     if (fail_after_ >= 0 && sends_++ == fail_after_) {
       throw Error("injected failure in send " + std::to_string(fail_after_));
     }
-    return inner_.isend(peer, tag, data);
+    return inner_.post_send(peer, tag, data);
   }
-  std::unique_ptr<comm::Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
-    return inner_.irecv(peer, tag, data);
+  std::unique_ptr<comm::Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+    return inner_.post_recv(peer, tag, data);
   }
   void abort(const std::string& reason) override { inner_.abort(reason); }
   std::string abort_reason() const override { return inner_.abort_reason(); }

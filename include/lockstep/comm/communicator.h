@@ -129,7 +129,8 @@ class Communicator {
 
   // Starts sending `data` to `peer` under `tag`. `data` must stay valid until
   // the returned Work completes. Messages between one pair with one tag are
-  // matched in order.
+  // matched in order. A tag of 2^62 or more is refused (refuse_call: the
+  // group is aborted, and InvalidArgument thrown).
   //
   // Tags below 2^62 are the program's own; the library keeps the two top
   // bits (collectives' rounds under bit 62, its own channels under bit 63),
@@ -142,10 +143,16 @@ class Communicator {
   // the MPI backend, which keeps only a tag's low 16 bits and its upper bits
   // modulo MPI's range: two of a program's messages in flight at once
   // between one pair of ranks need tags that differ in their low 16 bits.
-  virtual std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
+  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data);
   // Starts receiving exactly `data.size()` bytes from `peer` under `tag`.
   // A size mismatch with the matching send aborts the group.
-  virtual std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) = 0;
+  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data);
+
+  // The transport's send and receive, for any tag: what a backend
+  // implements, and what the library's collectives call with their own tags
+  // (isend and irecv check a program's tag, then call these).
+  virtual std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
+  virtual std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) = 0;
 
   // Aborts the group: wakes every rank; `reason` reaches all of them.
   virtual void abort(const std::string& reason) = 0;

@@ -107,13 +107,13 @@ void GlooCommunicator::watch_for_aborts() {
   }
 }
 
-std::unique_ptr<Work> GlooCommunicator::isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+std::unique_ptr<Work> GlooCommunicator::post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
   bytes_sent_ += data.size();
   ++messages_sent_;
   return post(true, peer, tag, const_cast<std::byte*>(data.data()), data.size());  // Gloo only reads it
 }
 
-std::unique_ptr<Work> GlooCommunicator::irecv(int peer, std::uint64_t tag, std::span<std::byte> data) {
+std::unique_ptr<Work> GlooCommunicator::post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) {
   bytes_received_ += data.size();
   return post(false, peer, tag, data.data(), data.size());
 }

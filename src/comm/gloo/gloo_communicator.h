@@ -56,8 +56,8 @@ class GlooCommunicator final : public Communicator, private NativeAllreduce {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override;
-  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override;
+  std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override;
+  std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override;
   void abort(const std::string& reason) override;
   std::string abort_reason() const override;
   CommStats stats() const override;

@@ -50,7 +50,7 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
   int rank() const override { return channel_->rank(); }
   int size() const override { return channel_->size(); }
 
-  std::unique_ptr<Work> isend(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
+  std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) override {
     check_call(peer, "send to", data.size());
     channel_->bytes_sent += data.size();
     ++channel_->messages_sent;
@@ -66,7 +66,7 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
                                      detail::MpiRequestInfo{MpiOp::Send, peer, tag, data.size(), {}});
   }
 
-  std::unique_ptr<Work> irecv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
+  std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) override {
     check_call(peer, "recv from", data.size());
     channel_->bytes_received += data.size();
     MPI_Request request = MPI_REQUEST_NULL;
