@@ -94,6 +94,7 @@ struct Reducer::State {
   bool stop = false;
   std::vector<char> ready;  // per bucket
   std::size_t next = 0;     // the bucket the communication thread does next
+  bool busy = false;        // the communication thread is inside a bucket's collective
   std::exception_ptr error;
   float weight = 1;
   std::uint64_t global_count = 0;  // checked with every bucket's fingerprint (AllreduceOptions::global_batch)
@@ -138,6 +139,7 @@ struct Reducer::State {
       const std::size_t k = next;
       const float w = weight;
       const std::uint64_t batch = global_count;
+      busy = true;
       lock.unlock();
       const auto start = Clock::now();
       const comm::CommStats before = comm.stats();
@@ -150,6 +152,7 @@ struct Reducer::State {
       const auto end = Clock::now();
       const comm::CommStats after = comm.stats();
       lock.lock();
+      busy = false;
       timing.buckets[k].start = start;
       timing.buckets[k].end = end;
       timing.buckets[k].bytes_sent = after.bytes_sent - before.bytes_sent;
@@ -162,6 +165,20 @@ struct Reducer::State {
       }
       cv.notify_all();
     }
+  }
+
+  // A step this rank cannot finish (a misuse found in finish_step): aborts
+  // the group, whose other ranks wait in this step's collectives, ends the
+  // step once the communication thread has left its collective (the abort
+  // fails it at once), and throws InvalidArgument(what). The next call meets
+  // the group's error, as after any failed step.
+  [[noreturn]] void refuse_step(const std::string& what) {
+    comm.abort("rank " + std::to_string(comm.rank()) + ": " + what);
+    std::unique_lock lock(mu);
+    cv.wait_until(lock, comm::deadline_after(comm.timeout()), [&] { return !busy; });
+    next = buckets.size();
+    in_step = false;
+    throw InvalidArgument(what);
   }
 };
 
@@ -301,8 +318,10 @@ const StepTiming& Reducer::finish_step() {
   State& s = *state_;
   LOCKSTEP_REQUIRE(s.in_step, "Reducer::finish_step() outside a step; call begin_step() first");
   for (std::size_t t = 0; t < s.announced.size(); ++t) {
-    LOCKSTEP_REQUIRE(s.announced[t], "Reducer::finish_step(): tensor " + std::to_string(t) +
-                                         " was never marked ready this step; call mark_ready() for every tensor");
+    if (!s.announced[t]) {
+      s.refuse_step("Reducer::finish_step(): tensor " + std::to_string(t) +
+                    " was never marked ready this step; call mark_ready() for every tensor");
+    }
   }
   if (!s.options.overlap) {  // every bucket, in order, here and now
     s.timing.wait_start = Clock::now();

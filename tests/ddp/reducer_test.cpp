@@ -493,6 +493,53 @@ TEST(Reducer, AnnouncingATensorTwiceOrNeverIsAnError) {
   }));
 }
 
+// A rank whose step cannot finish (a tensor never announced) refuses it at
+// once: the group is aborted, so the rank waiting for its buckets is woken
+// with the reason instead of timing out (a library review: 60 s, then a
+// TimeoutError that named no cause), and the step is over on both, so the
+// next begin_step meets the group's error rather than "called again".
+TEST(Reducer, ATensorNeverAnnouncedStopsEveryRankAtOnce) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    const auto errors = run_ranks(
+        2,
+        [&](comm::Communicator& comm) {
+          std::vector<float> grads(total_numel());
+          Reducer reducer(comm, grads, kNumels, {.overlap = overlap});
+          reducer.begin_step(1, 2);
+          for (std::size_t t = kNumels.size(); t-- > 0;) {
+            if (comm.rank() == 1 && t == 0) continue;  // forgotten
+            reducer.mark_ready(t);
+          }
+          try {
+            reducer.finish_step();
+          } catch (const Error&) {
+            try {
+              reducer.begin_step(1, 2);  // the step has ended: the group's error, not "called again"
+            } catch (const std::exception& e) {
+              EXPECT_EQ(std::string(e.what()).find("called again"), std::string::npos) << e.what();
+            }
+            throw;
+          }
+        },
+        std::chrono::seconds(30));  // a wait for rank 1's buckets would end in a TimeoutError
+    ASSERT_TRUE(errors[1]);
+    try {
+      std::rethrow_exception(errors[1]);
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor 0 was never marked ready"), std::string::npos) << e.what();
+    }
+    ASSERT_TRUE(errors[0]);
+    try {
+      std::rethrow_exception(errors[0]);
+    } catch (const CommAborted& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1: Reducer::finish_step(): tensor 0 was never marked ready"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Reducer, RejectsAGradientSpanOfTheWrongSize) {
   rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel() - 1);
