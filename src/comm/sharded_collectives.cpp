@@ -21,7 +21,11 @@
 namespace lockstep::comm {
 
 int shard_chunk(int rank, int world_size) {
-  return world_size > 0 ? (rank + 1) % world_size : 0;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw InvalidArgument("shard of rank " + std::to_string(rank) + " in a group of " + std::to_string(world_size) +
+                          ": the group needs at least 1 rank and the rank must be in [0, world size)");
+  }
+  return (rank + 1) % world_size;
 }
 
 std::pair<std::size_t, std::size_t> shard_range(std::size_t count, int rank, int world_size) {

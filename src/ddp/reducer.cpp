@@ -271,6 +271,9 @@ void Reducer::begin_step(std::int64_t local_count, std::int64_t global_count) {
 
 void Reducer::gather(std::span<float> params) {
   State& s = *state_;
+  LOCKSTEP_REQUIRE(s.options.shard, "Reducer::gather() on a reducer without options.shard: its replicas hold "
+                                     "whole reduced gradients and update every weight themselves, so there is "
+                                     "nothing to gather");
   LOCKSTEP_REQUIRE(!s.in_step, "Reducer::gather() inside a step; call it after finish_step()");
   LOCKSTEP_REQUIRE(params.size() == s.grads.size(), "Reducer::gather(): the span holds " +
                                                         std::to_string(params.size()) + " floats, the gradients " +

@@ -181,5 +181,16 @@ TEST(ScatterGather, WrongOutputSizesAreRefused) {
   rethrow_first(errors);
 }
 
+// A rank outside the group, or a group of none, has no shard (a world size
+// of 0 divided by zero and crashed the process; rank 5 of 2 was given rank
+// 0's range).
+TEST(ShardRange, RanksOutsideTheGroupAreRefused) {
+  EXPECT_EQ(shard_range(10, 1, 2), (std::pair<std::size_t, std::size_t>{0, 5}));
+  EXPECT_EQ(shard_chunk(0, 1), 0);
+  EXPECT_THROW(shard_range(10, 0, 0), InvalidArgument);
+  EXPECT_THROW(shard_range(10, 5, 2), InvalidArgument);
+  EXPECT_THROW(shard_chunk(-1, 3), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace lockstep::comm

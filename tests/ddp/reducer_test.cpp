@@ -540,6 +540,22 @@ TEST(Reducer, ATensorNeverAnnouncedStopsEveryRankAtOnce) {
   }
 }
 
+// Reducer::gather completes a sharded step; on a reducer that does not shard
+// it used to overwrite every replica's weights with chunks of the others'.
+// owned_ranges refuses a rank outside the group (it divided by a world size
+// of 0, and gave rank 7 of 2 another rank's chunks).
+TEST(Reducer, GatherNeedsAShardedReducerAndOwnedRangesAValidRank) {
+  rethrow_first(run_ranks(2, [&](comm::Communicator& comm) {
+    std::vector<float> grads(total_numel()), params(total_numel(), float(comm.rank()));
+    Reducer reducer(comm, grads, kNumels);
+    EXPECT_THROW(reducer.gather(params), InvalidArgument);
+    EXPECT_TRUE(std::all_of(params.begin(), params.end(), [&](float v) { return v == float(comm.rank()); }));
+    EXPECT_THROW(owned_ranges(reducer.buckets(), 0, 0), InvalidArgument);
+    EXPECT_THROW(owned_ranges(reducer.buckets(), 7, 2), InvalidArgument);
+    EXPECT_FALSE(owned_ranges(reducer.buckets(), comm.rank(), 2).empty());
+  }));
+}
+
 TEST(Reducer, RejectsAGradientSpanOfTheWrongSize) {
   rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel() - 1);

@@ -83,6 +83,7 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
 // completes there. Both run the shared-memory path where the backend shares
 // memory (Algorithm Auto or SharedMemory) and the ring otherwise (Auto or
 // Ring); any other algorithm is InvalidArgument, on every rank.
+// InvalidArgument unless 0 <= rank < world_size.
 int shard_chunk(int rank, int world_size);
 // [begin, end) of rank's chunk of `count` elements.
 std::pair<std::size_t, std::size_t> shard_range(std::size_t count, int rank, int world_size);
