@@ -57,6 +57,24 @@ Algorithm algorithm_from_string(std::string_view name) {
                         "hierarchical");
 }
 
+void check_algorithm(Communicator& comm, Algorithm algorithm) {
+  const int n = comm.size();
+  if (n == 1) return;
+  NativeAllreduce* native = comm.native_allreduce();
+  const bool shared = native != nullptr && native->shares_memory();
+  if (algorithm == Algorithm::SharedMemory && !shared) {
+    throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
+  }
+  if (algorithm == Algorithm::Native && (native == nullptr || shared)) {
+    throw InvalidArgument(
+        "the native all-reduce needs a transport library's backend, Gloo or MPI (--backend gloo or mpi)");
+  }
+  if (algorithm == Algorithm::Tree && (n & (n - 1)) != 0) {
+    throw InvalidArgument("the tree all-reduce needs a power-of-two number of ranks, not " + std::to_string(n));
+  }
+  if (algorithm == Algorithm::Hierarchical) detail::require_node_layout(comm);
+}
+
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {
   detail::allreduce_as(comm, data, options, CollectiveKind::Allreduce);
 }
@@ -88,20 +106,14 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
                 : hierarchy                                    ? Algorithm::Hierarchical
                                                                : Algorithm::Ring;
   }
-  // Every rank sees the same nodes(), so every rank refuses alike, before any message.
-  if (algorithm == Algorithm::Hierarchical) require_node_layout(comm);
+  // Every rank sees the same backend and nodes(), so every rank refuses alike, before any message.
+  check_algorithm(comm, algorithm);
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
   if (algorithm == Algorithm::Ring || algorithm == Algorithm::Hierarchical) {
     // and on the ring's segments, which cut its messages and tags
     fp.segment_bytes = options.ring_segment_bytes != 0 ? options.ring_segment_bytes : kRingSegmentBytes;
   }
   run_collective(comm, fp, [&] {
-    if (algorithm == Algorithm::SharedMemory && (native == nullptr || !native->shares_memory())) {
-      throw InvalidArgument("the shared_memory all-reduce needs the threads backend");
-    }
-    if (algorithm == Algorithm::Native && (native == nullptr || native->shares_memory())) {
-      throw InvalidArgument("the native all-reduce needs a transport library's backend, Gloo or MPI (--backend gloo or mpi)");
-    }
     if (algorithm == Algorithm::SharedMemory || algorithm == Algorithm::Native) {
       return native->allreduce(data, fp, options.verify);
     }

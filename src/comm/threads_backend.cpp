@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 
 #include "lockstep/comm/collectives.h"
@@ -98,6 +99,20 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   ThreadCommunicator(std::shared_ptr<Hub> hub, int rank, int size, int ranks_per_node)
       : hub_(std::move(hub)), rank_(rank), size_(size), ranks_per_node_(ranks_per_node) {}
 
+  // Destroyed while an exception unwinds (its rank's thread failed and did
+  // not abort): the others would wait for this rank until their timeout and
+  // then blame it with no cause, so the group is aborted here. A communicator
+  // destroyed normally aborts nothing: its rank may simply be done first.
+  ~ThreadCommunicator() override {
+    if (std::uncaught_exceptions() == 0) return;
+    std::lock_guard lock(hub_->mu);
+    if (!hub_->aborted) {
+      hub_->abort_locked("rank " + std::to_string(rank_) +
+                         "'s communicator was destroyed while an exception unwound its thread (rank " +
+                         std::to_string(rank_) + " failed)");
+    }
+  }
+
   std::vector<int> nodes() const override {
     if (ranks_per_node_ <= 0) return {};
     std::vector<int> out(static_cast<std::size_t>(size_));
@@ -169,7 +184,10 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
   }
 
   void check_peer(int peer, const char* what) const {
-    if (peer < 0 || peer >= size_ || peer == rank_) {
+    if (peer == rank_) {
+      throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " itself");
+    }
+    if (peer < 0 || peer >= size_) {
       throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
                             std::to_string(peer) + " in a group of " + std::to_string(size_));
     }

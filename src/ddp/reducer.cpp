@@ -196,6 +196,7 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
     }
     s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "first_bucket_mb (--first-bucket-mb)"),
                                mib_to_bytes(options.bucket_mb, "bucket_mb (--bucket-mb)"));
+    comm::check_algorithm(comm, options.algorithm);
     if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
         options.algorithm != comm::Algorithm::Ring) {
       throw InvalidArgument(std::string("bf16 compression all-reduces with its own ring, not ") +

@@ -204,5 +204,36 @@ TEST(ThreadGroup, AProgramsTagInTheLibrarysRangeIsRefused) {
   }
 }
 
+// A rank's thread that fails without aborting, and whose communicator is
+// destroyed as the exception unwinds, aborts the group: the others learn of
+// it at once instead of waiting out their timeout to blame it with no cause.
+// A communicator destroyed normally (its rank done first) aborts nothing.
+TEST(ThreadGroup, ACommunicatorDestroyedByAnExceptionAbortsTheGroup) {
+  auto comms = make_thread_group({.world_size = 3, .timeout = std::chrono::seconds(30)});
+  comms[2].reset();  // done: the others go on
+  std::vector<std::byte> buf(4);
+  auto sent = comms[0]->isend(1, 5, buf);
+  comms[1]->irecv(0, 5, buf)->wait(std::chrono::seconds(30));
+  sent->wait(std::chrono::seconds(30));
+  EXPECT_EQ(comms[0]->abort_reason(), "");
+
+  std::thread failing([owned = std::move(comms[1])]() mutable {
+    try {
+      const auto mine = std::move(owned);
+      throw Error("rank 1's step failed");
+    } catch (const Error&) {
+    }
+  });
+  failing.join();
+  try {
+    comms[0]->irecv(1, 6, buf)->wait(std::chrono::seconds(30));
+    ADD_FAILURE() << "a receive from the failed rank returned";
+  } catch (const CommAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1's communicator was destroyed while an exception unwound"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::comm

@@ -556,6 +556,23 @@ TEST(Reducer, GatherNeedsAShardedReducerAndOwnedRangesAValidRank) {
   }));
 }
 
+// An algorithm the group cannot run is refused when the reducer is built, on
+// every rank alike, not at the first step (where the native all-reduce
+// failed as InvalidArgument on one rank and CommAborted on the others).
+TEST(Reducer, AnAlgorithmTheGroupCannotRunIsRefusedWhenBuilt) {
+  for (const auto algorithm : {comm::Algorithm::Tree, comm::Algorithm::Hierarchical, comm::Algorithm::Native}) {
+    SCOPED_TRACE(comm::to_string(algorithm));
+    rethrow_first(run_ranks(3, [&](comm::Communicator& comm) {
+      std::vector<float> grads(total_numel());
+      EXPECT_THROW(Reducer(comm, grads, kNumels, {.algorithm = algorithm}), InvalidArgument);
+    }));
+  }
+  rethrow_first(run_ranks(4, [&](comm::Communicator& comm) {
+    std::vector<float> grads(total_numel());
+    Reducer reducer(comm, grads, kNumels, {.algorithm = comm::Algorithm::Tree});  // a power of two: runs
+  }));
+}
+
 TEST(Reducer, RejectsAGradientSpanOfTheWrongSize) {
   rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel() - 1);

@@ -51,6 +51,13 @@ const char* to_string(Algorithm algorithm);
 // The inverse of to_string; throws InvalidArgument naming the choices.
 Algorithm algorithm_from_string(std::string_view name);
 
+// Throws InvalidArgument when `algorithm` cannot run on `comm`, as allreduce
+// would at its first call: shared_memory needs the threads backend, native a
+// transport library's, tree a power-of-two group, hierarchical a node layout
+// (Communicator::nodes()). A group of one runs any. The reducer checks its
+// algorithm with this when it is built.
+void check_algorithm(Communicator& comm, Algorithm algorithm);
+
 // In place: on return every rank's `data` holds op(data of all ranks).
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
 
