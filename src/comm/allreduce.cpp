@@ -83,6 +83,7 @@ namespace detail {
 
 void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOptions& options,
                   CollectiveKind kind) {
+  const CollectiveScope scope(comm, kind_name(kind));
   Fingerprint fp = start_collective(comm, kind, options.op, DataType::Float32, data.size());
   fp.global_batch = options.global_batch;
   if (comm.size() == 1) {

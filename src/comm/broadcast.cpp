@@ -18,6 +18,7 @@ void broadcast(Communicator& comm, std::span<std::byte> data, int root) {
     refuse_call(
         comm, "broadcast root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(n));
   }
+  const detail::CollectiveScope scope(comm, "broadcast");
   const Fingerprint fp = detail::start_collective(comm, CollectiveKind::Broadcast, ReduceOp::Sum,
                                                   DataType::Bytes, data.size(), root);
   detail::run_collective(comm, fp, [&] {

@@ -16,10 +16,18 @@
 
 namespace lockstep::comm {
 
-std::string describe(const Fingerprint& fp) {
+namespace detail {
+
+const char* kind_name(CollectiveKind kind) {
   const char* kinds[] = {"?", "allreduce", "broadcast", "barrier", "reduce_scatter", "all_gather"};
-  const auto k = static_cast<std::uint32_t>(fp.kind);
-  std::string s = k < 6 ? kinds[k] : "?";
+  const auto k = static_cast<std::uint32_t>(kind);
+  return k < 6 ? kinds[k] : "?";
+}
+
+}  // namespace detail
+
+std::string describe(const Fingerprint& fp) {
+  std::string s = detail::kind_name(fp.kind);
   s += "(";
   if (fp.kind == CollectiveKind::Allreduce || fp.kind == CollectiveKind::ReduceScatter) {
     s += std::string(to_string(fp.op)) + ", ";
@@ -41,6 +49,18 @@ std::string describe(const Fingerprint& fp) {
 }
 
 namespace detail {
+
+CollectiveScope::CollectiveScope(Communicator& comm, const char* what) : comm_(comm) {
+  if (comm.in_collective_.exchange(true, std::memory_order_acquire)) {
+    refuse_call(comm, std::string(what) + " was called while another collective runs on the same communicator, "
+                                          "from another thread; a communicator runs one collective at a time, so "
+                                          "give each thread that calls collectives a communicator of its own");
+  }
+}
+
+CollectiveScope::~CollectiveScope() {
+  comm_.in_collective_.store(false, std::memory_order_release);
+}
 
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,
                              std::uint64_t count, int root) {

@@ -12,6 +12,26 @@
 
 namespace lockstep::comm::detail {
 
+// "allreduce", "broadcast", ... as describe() names them.
+const char* kind_name(CollectiveKind kind);
+
+// Held for the whole of a collective (before its sequence number is taken):
+// a second collective on the same communicator meanwhile, from another
+// thread, is refused by name (refuse_call) instead of drawing the next
+// sequence number in a data race and failing later as a garbled fingerprint
+// mismatch. A communicator runs one collective at a time; a thread that
+// needs its own gets a communicator of its own.
+class CollectiveScope {
+ public:
+  CollectiveScope(Communicator& comm, const char* what);
+  ~CollectiveScope();
+  CollectiveScope(const CollectiveScope&) = delete;
+  CollectiveScope& operator=(const CollectiveScope&) = delete;
+
+ private:
+  Communicator& comm_;
+};
+
 // Fails at once on an aborted communicator; otherwise numbers the call.
 Fingerprint start_collective(Communicator& comm, CollectiveKind kind, ReduceOp op, DataType dtype,
                              std::uint64_t count, int root = -1);

@@ -130,6 +130,7 @@ void allreduce_bf16(Communicator& comm, std::span<std::uint16_t> data, ReduceOp 
     refuse_call(comm, std::string("allreduce_bf16: op ") + to_string(op) +
                                    " is not supported; the choices are sum and mean");
   }
+  const detail::CollectiveScope scope(comm, "allreduce_bf16");
   Fingerprint fp =
       detail::start_collective(comm, CollectiveKind::Allreduce, op, DataType::BFloat16, data.size());
   if (comm.size() == 1) return;                                // Sum and Mean over one rank are the identity

@@ -25,6 +25,7 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
                                    std::to_string(detail::chunk_begin(count, n, r + 1) - mine) +
                                    " elements, got " + std::to_string(out.size()));
   }
+  const detail::CollectiveScope scope(comm, "reduce_scatter");
   const Fingerprint fp =
       detail::start_collective(comm, CollectiveKind::ReduceScatter, op, DataType::Float32, count);
   detail::run_collective(comm, fp, [&] {
@@ -64,6 +65,7 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
     refuse_call(comm, "all_gather: the output must hold " + std::to_string(n) + " x " +
                                    std::to_string(block) + " elements, got " + std::to_string(out.size()));
   }
+  const detail::CollectiveScope scope(comm, "all_gather");
   const Fingerprint fp =
       detail::start_collective(comm, CollectiveKind::AllGather, ReduceOp::Sum, DataType::Float32, block);
   detail::run_collective(comm, fp, [&] {

@@ -235,5 +235,49 @@ TEST(ThreadGroup, ACommunicatorDestroyedByAnExceptionAbortsTheGroup) {
   }
 }
 
+// One communicator, two threads: a collective started while another runs on
+// the same communicator is refused by name (it drew the next sequence number
+// in a data race and failed, if at all, as a garbled fingerprint mismatch).
+TEST(ThreadGroup, ASecondCollectiveFromAnotherThreadIsRefusedByName) {
+  std::string refusal;
+  auto errors = run_ranks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<float> data(1000, 1.0f);
+        if (comm.rank() == 1) {
+          // Rank 1 starts an all-reduce that waits for rank 0, and from a second
+          // thread a broadcast on the same communicator.
+          std::thread second([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            try {
+              std::vector<std::byte> b(8);
+              broadcast(comm, b, 0);
+            } catch (const InvalidArgument& e) {
+              refusal = e.what();
+            }
+          });
+          try {
+            allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+          } catch (const InvalidArgument& e) {  // the broadcast came first (a slow start under TSan)
+            second.join();
+            refusal = e.what();
+            throw;
+          } catch (...) {
+            second.join();
+            throw;
+          }
+          second.join();
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // rank 1 waits in its all-reduce
+          allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
+        }
+      },
+      std::chrono::seconds(30));
+  EXPECT_NE(refusal.find(" was called while another collective runs on the same communicator"), std::string::npos)
+      << refusal;
+  ASSERT_TRUE(errors[0]);  // the refusal aborted the group
+  EXPECT_THROW(std::rethrow_exception(errors[0]), CommAborted);
+}
+
 }  // namespace
 }  // namespace lockstep::comm

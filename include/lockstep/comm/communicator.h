@@ -41,6 +41,9 @@ std::chrono::steady_clock::time_point deadline_after(
     Duration timeout, std::chrono::steady_clock::time_point from = std::chrono::steady_clock::now());
 
 class Communicator;
+namespace detail {
+class CollectiveScope;
+}
 // A call this rank cannot make while the other ranks go on into it (a
 // collective, a reducer's step) and would wait for it until their timeout:
 // aborts the group with "rank R: <what>" and throws InvalidArgument(what).
@@ -193,9 +196,12 @@ class Communicator {
   std::span<std::byte> scratch(std::size_t bytes);
 
  private:
+  friend class detail::CollectiveScope;
   Duration timeout_{std::chrono::seconds(60)};
   std::uint64_t sequence_ = 0;
   std::vector<std::byte> scratch_;
+  // A collective runs on this communicator (one thread at a time may run one).
+  std::atomic<bool> in_collective_{false};
 };
 
 // Blocking conveniences over isend/irecv with the communicator's timeout.
