@@ -341,7 +341,13 @@ int run_train(TrainFlags& f) {
   const auto data = load_data(f.data_dir, f.normalize, in_group ? ranks_here_before_rendezvous(f.group) : 1);
   if (!f.init_file.empty()) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
-    nn::LoadedState state = nn::load_state(f.init_file, model->layout(), model->buffer_layout());
+    nn::LoadedState state = [&] {
+      try {
+        return nn::load_state(f.init_file, model->layout(), model->buffer_layout());
+      } catch (const IoError& e) {  // the message names the file; say which flag gave it
+        throw IoError(std::string("--init: ") + e.what());
+      }
+    }();
     // Training from them would give NaN from step 0.
     const auto check_finite = [&](const nn::Layout& layout, const std::vector<float>& all) {
       for (const auto& t : layout.tensors()) {

@@ -18,7 +18,7 @@ using nlohmann::json;
 constexpr const char* kFormat = "lockstep-profile";
 
 [[noreturn]] void bad(const std::string& source, const std::string& what) {
-  throw InvalidArgument(source + ": " + what + " (the format is in docs/cost-model.md).");
+  throw IoError(source + ": " + what + " (the format is in docs/cost-model.md).");
 }
 
 double number(const json& j, const char* key, const std::string& where, const std::string& source,
@@ -120,8 +120,14 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
 }
 
 Profile read_profile(const std::filesystem::path& path) {
-  if (std::filesystem::is_directory(path))
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st))
     throw IoError(path.string() + " is a directory, not a profile; give the file `lockstep train --profile` wrote.");
+  // A FIFO without a writer would block the open for good.
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw IoError(path.string() + " is not a regular file (a FIFO, device or socket); give the file `lockstep train "
+                                  "--profile` wrote.");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw IoError(path.string() + ": cannot open the profile; write one with `lockstep train --profile`.");

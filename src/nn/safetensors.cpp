@@ -304,11 +304,13 @@ void save_safetensors(const fs::path& path, std::span<const TensorRef> tensors,
 }
 
 SafetensorsFile load_safetensors(const fs::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO without a writer opens at once (and is refused below)
+  // instead of blocking for good; reads of a regular file ignore it.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.fd < 0) fail(path, "cannot open the file (" + errno_text(errno) + ").");
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) fail(path, "cannot stat the file (" + errno_text(errno) + ").");
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file.");
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file (a directory, FIFO, device or socket); give a safetensors file.");
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   const std::string not_st = "; the file is not a safetensors file or is truncated.";
   if (file_size < 8)

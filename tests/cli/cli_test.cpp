@@ -33,8 +33,8 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-CliRun run(const std::string& args) {
-  const std::string cmd = std::string(LOCKSTEP_CLI) + " " + args + " 2>&1";
+CliRun run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -42,6 +42,15 @@ CliRun run(const std::string& args) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+CliRun run(const std::string& args) {
+  return run_command(std::string(LOCKSTEP_CLI) + " " + args);
+}
+
+// run() under timeout(1): for a command that used to block for good (124 then).
+CliRun run_bounded(const std::string& args) {
+  return run_command("timeout 60 " + std::string(LOCKSTEP_CLI) + " " + args);
 }
 
 // A tiny IDX data set: `train` (64) train and 16 test images of `side` x
@@ -242,6 +251,21 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
   EXPECT_EQ(plan.code, 2) << plan.output;
   EXPECT_NE(plan.output.find("--svg " + profile.string() + " is --profile"), std::string::npos) << plan.output;
   EXPECT_EQ(bytes(profile), measured);
+}
+
+// A FIFO given as --init or as plan's --profile is refused at once: opening
+// one without a writer blocked for good (as --data's files are refused).
+TEST(Cli, AFifoGivenAsAFileIsRefusedNotWaitedOn) {
+  const fs::path dir = make_data_dir("cli_fifo");
+  const fs::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const CliRun init = run_bounded("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --init " +
+                                  fifo.string());
+  EXPECT_EQ(init.code, 1) << init.output;
+  EXPECT_NE(init.output.find("--init: " + fifo.string() + ": not a regular file"), std::string::npos) << init.output;
+  const CliRun plan = run_bounded("plan --profile " + fifo.string());
+  EXPECT_EQ(plan.code, 1) << plan.output;
+  EXPECT_NE(plan.output.find(fifo.string() + " is not a regular file"), std::string::npos) << plan.output;
 }
 
 // A flag the chosen model or optimizer would ignore is an error, not a no-op;

@@ -24,7 +24,7 @@ constexpr const char* kProfile = R"({
 std::string error_of(const std::string& text) {
   try {
     parse_profile(text, "p.json");
-  } catch (const InvalidArgument& e) {
+  } catch (const IoError& e) {  // a malformed file, as a malformed weights file
     return e.what();
   }
   return "";
