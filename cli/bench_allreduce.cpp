@@ -28,6 +28,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "host_memory.h"
 #include "peak_flops.h"
 #include "process_group_flags.h"
 
@@ -134,6 +135,24 @@ double time_allreduce(int n, int per_node, std::size_t bytes, comm::Algorithm al
   return median(samples);
 }
 
+// Refuses sizes this host cannot hold before anything runs (the kernel's OOM
+// killer ended such a run without a word): each of `ranks_here` ranks holds
+// its buffer and scratch of up to the same size, and rank 0 first measures
+// memcpy over 2 x 256 MiB.
+void check_sizes_fit_in_memory(const Flags& f, std::size_t largest, int ranks_here) {
+  const double available = available_memory_bytes();
+  const double need = std::max(2.0 * double(largest) * ranks_here, 2.0 * (256 << 20));
+  if (available > 0 && need > available) {
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "--sizes: an all-reduce of %zu bytes per rank on %d ranks here needs about %.1f GB (a buffer "
+                  "and scratch per rank), and this host has %.1f GB free; give smaller --sizes%s.",
+                  largest, ranks_here, need / 1e9, available / 1e9,
+                  backend_of(f.group) == comm::Backend::Threads ? " or fewer --replicas" : "");
+    throw InvalidArgument(text);
+  }
+}
+
 int run(const Flags& f) {
   std::vector<std::size_t> sizes;
   for (std::size_t pos = 0; pos <= f.sizes.size();) {
@@ -149,9 +168,17 @@ int run(const Flags& f) {
     throw InvalidArgument("the native all-reduce is a transport library's (Gloo's, MPI_Allreduce): give --backend "
                           "gloo or mpi with it; the threads backend's own is --algorithm shared_memory.");
   }
+  check_sizes_fit_in_memory(f, *std::max_element(sizes.begin(), sizes.end()),
+               threads ? f.replicas : ranks_here_before_rendezvous(f.group));
   // A process group: this process is one rank; rank 0 measures memcpy (the
   // others wait in the first barrier) and prints.
   std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
+  // What the algorithm needs of the group (a power of two for the tree, ...),
+  // before anything is measured or printed.
+  comm::check_algorithm(
+      threads ? *comm::make_thread_group({.world_size = f.replicas, .ranks_per_node = f.group.per_node}).front()
+              : *group,
+      algorithm);
   if (!threads && f.replicas_given && f.replicas != group->size()) {  // as train: it may only agree
     comm::refuse_call(*group, "--replicas " + std::to_string(f.replicas) + " does not match the world size " +
                                   std::to_string(group->size()) + " of the process group; leave --replicas out.");

@@ -8,6 +8,7 @@
 
 #include "checks.h"
 #include "lockstep/error.h"
+#include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
 namespace {
@@ -153,6 +154,14 @@ std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlag
   const comm::Backend backend = backend_of(flags);
   if (backend == comm::Backend::Threads) throw InvalidArgument("connect_process_group: not for --backend threads");
   return comm::connect(backend, process_group_options(flags, std::cerr));
+}
+
+int ranks_here_before_rendezvous(const ProcessGroupFlags& flags) {
+  comm::ProcessGroupOptions o;
+  o.rank = 0;  // not read from the environment here
+  o.world_size = flags.world_size;
+  const int world = comm::with_environment(o).world_size;
+  return world > 0 ? train::local_world_size(world) : 1;
 }
 
 }  // namespace lockstep::cli

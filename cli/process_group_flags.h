@@ -63,6 +63,11 @@ int mpirun_world_size();
 // secret (a redis rendezvous and no --secret-file).
 comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& flags, std::ostream& warnings);
 
+// The group's ranks on this host, each with its own copy of what it loads, as
+// the launcher says (train::local_world_size), when the world size is known
+// before the rendezvous (--world-size, WORLD_SIZE); else 1.
+int ranks_here_before_rendezvous(const ProcessGroupFlags& flags);
+
 // process_group_options + comm::connect, warnings to stderr. The backend must not be threads.
 std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlags& flags);
 

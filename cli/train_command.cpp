@@ -97,17 +97,6 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   return p;
 }
 
-// The group's ranks on this host that load their own copy of the data, as
-// the launcher says (train::local_world_size), when the world size is known
-// before the rendezvous (--world-size, WORLD_SIZE); else 1.
-int ranks_here_before_rendezvous(const ProcessGroupFlags& flags) {
-  comm::ProcessGroupOptions o;
-  o.rank = 0;  // not read from the environment here
-  o.world_size = flags.world_size;
-  const int world = comm::with_environment(o).world_size;
-  return world > 0 ? train::local_world_size(world) : 1;
-}
-
 // Fails before training, not after it, if an output cannot be written or
 // would destroy another output or one of the run's inputs.
 void check_outputs(const TrainFlags& f) {
@@ -210,8 +199,19 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
     params = spec.params();
     for (const cost::LayerShape& l : spec.layers) activation_floats += l.activation_floats;
   } else {
-    params = double(train::make_model(c, data.train.features, data.train.num_classes)->layout().numel());
+    // What Model keeps per sample: every layer's output, and two buffers of
+    // upstream gradients as wide as the widest (about 350 KB for the CNN).
+    const auto model = train::make_model(c, data.train.features, data.train.num_classes);
+    params = double(model->layout().numel());
+    double widest = 0;
+    for (std::size_t i = 0; i < model->layer_count(); ++i) {
+      const auto out = double(model->layer(i).out_features());
+      activation_floats += out;
+      widest = std::max(widest, out);
+    }
+    activation_floats += 2 * widest;
   }
+  const char* widths = c.model == "mlp" ? " or --hidden" : "";
   const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
                                     : c.momentum > 0       ? cost::Optimizer::Momentum
                                                            : cost::Optimizer::Sgd;
@@ -228,15 +228,15 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
       std::snprintf(text, sizeof text,
                     "this run needs at least %.1f GB for %d replicas' activations of %lld samples each (%.1f GB "
                     "per replica) and their weights, gradients and optimizer state on this host, and it has %.1f "
-                    "GB free; lower --micro-batch, --replicas (or the processes per host) or --hidden.",
+                    "GB free; lower --micro-batch or --replicas (or the processes per host)%s.",
                     need / 1e9, replicas_here, static_cast<long long>(c.micro_batch), activations / 1e9,
-                    available / 1e9);
+                    available / 1e9, widths);
     } else {
       std::snprintf(text, sizeof text,
                     "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
                     "parameters each) and activations on this host, and it has %.1f GB free; lower --replicas (or "
-                    "the processes per host) or --hidden.",
-                    need / 1e9, replicas_here, params, available / 1e9);
+                    "the processes per host)%s.",
+                    need / 1e9, replicas_here, params, available / 1e9, widths);
     }
     throw InvalidArgument(text);
   }

@@ -343,6 +343,25 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   EXPECT_EQ(wide.code, 2) << wide.output;
   EXPECT_NE(wide.output.find("GB for 8 replicas' activations of 7500 samples each"), std::string::npos)
       << wide.output;
+  // The CNN's activations count too (~350 KB a sample: 2 x 2000 samples is
+  // ~1.4 GB, with 1 GB free); they were left out, and such a run was
+  // accepted and ended by the kernel. And an all-reduce's buffers.
+  ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e9", 1);
+  const CliRun cnn = run("train --model cnn --data " + make_data_dir("cli_cnn_wide", 4000, 0, 28).string() +
+                         " --replicas 2 --micro-batch 2000 --steps 1");
+  const CliRun sizes = run("bench allreduce --replicas 2 --sizes 4K,1G");
+  ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+  EXPECT_EQ(cnn.code, 2) << cnn.output;
+  EXPECT_NE(cnn.output.find("GB for 2 replicas' activations of 2000 samples each"), std::string::npos) << cnn.output;
+  EXPECT_EQ(cnn.output.find("--hidden"), std::string::npos) << "--model cnn takes no --hidden:\n" << cnn.output;
+  EXPECT_EQ(sizes.code, 2) << sizes.output;
+  EXPECT_NE(sizes.output.find("an all-reduce of 1073741824 bytes per rank on 2 ranks here needs"), std::string::npos)
+      << sizes.output;
+  EXPECT_EQ(sizes.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << sizes.output;
+  const CliRun tree = run("bench allreduce --algorithm tree --replicas 5 --sizes 4K");
+  EXPECT_EQ(tree.code, 2) << tree.output;
+  EXPECT_NE(tree.output.find("power-of-two number of ranks, not 5"), std::string::npos) << tree.output;
+  EXPECT_EQ(tree.output.find("time_us"), std::string::npos) << "printed before refusing:\n" << tree.output;
   const CliRun typo = run("launch --nproc 2 --bogus -- plan");  // a launch flag, not a misplaced command
   EXPECT_EQ(typo.output.find("goes after --"), std::string::npos) << typo.output;
 }
