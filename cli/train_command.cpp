@@ -62,15 +62,47 @@ struct TrainFlags {
   const CLI::App* cmd = nullptr;  // which flags were given
 };
 
+struct ModelSize {
+  double params = 0;
+  double activation_floats = 0;  // per sample
+};
+
+// The MLP counted by the cost model (as lockstep plan counts it), not built:
+// a probe model would itself zero gigabytes first. The built-in CNN is small:
+// built, and counted as Model keeps it per sample, every layer's output and
+// two buffers of upstream gradients as wide as the widest (~350 KB).
+ModelSize model_size(const train::TrainConfig& c, const data::ImageClassificationData& data) {
+  ModelSize size;
+  if (c.model == "mlp") {
+    const cost::ModelSpec spec = cost::mlp_model(data.train.features, c.hidden, data.train.num_classes);
+    size.params = spec.params();
+    for (const cost::LayerShape& l : spec.layers) size.activation_floats += l.activation_floats;
+    return size;
+  }
+  const auto model = train::make_model(c, data.train.features, data.train.num_classes);
+  size.params = double(model->layout().numel());
+  double widest = 0;
+  for (std::size_t i = 0; i < model->layer_count(); ++i) {
+    const auto out = double(model->layer(i).out_features());
+    size.activation_floats += out;
+    widest = std::max(widest, out);
+  }
+  size.activation_floats += 2 * widest;
+  return size;
+}
+
 // Per-layer forward and backward times of this run (medians over every
 // replica and step but the first), for `lockstep plan --profile`.
-cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r) {
+cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r,
+                               const data::ImageClassificationData& data) {
   std::map<int, std::vector<double>> forward, backward;
+  std::vector<double> optimizer;
   // --deterministic computes a step's micro-batches atom by atom: its events
   // are summed per replica, step and layer, and divided by --accumulate, so
   // that each time is one micro-batch's.
   std::map<std::tuple<int, std::int64_t, int, bool>, double> per_micro_batch;
   for (const auto& e : r.timeline) {
+    if (e.step > 0 && e.phase == train::Phase::Optimizer) optimizer.push_back((e.end_us - e.start_us) / 1000);
     if (e.layer < 0 || e.step == 0) continue;
     const bool fwd = e.phase == train::Phase::Forward;
     const double ms = (e.end_us - e.start_us) / 1000;
@@ -85,7 +117,11 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   p.model = r.model_description;
   p.replicas = int(r.replicas);
   p.micro_batch = r.micro_batch;
-  p.step_compute_ms = r.times.compute_ms;
+  // One micro-batch's step: with --accumulate K the step computed K of them
+  // and stepped the optimizer once.
+  const double optimizer_ms = optimizer.empty() ? 0 : median(optimizer);
+  p.step_compute_ms = (r.times.compute_ms - optimizer_ms) / double(c.accumulate) + optimizer_ms;
+  p.activation_bytes_per_sample = model_size(c, data).activation_floats * sizeof(float);
   const int layers = forward.empty() ? 0 : forward.rbegin()->first + 1;
   for (int i = 0; i < layers; ++i) {
     cost::LayerCost l{std::to_string(i), 0, median(forward[i]), median(backward[i])};
@@ -191,26 +227,7 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
 // is more than the host has free, the run is refused now: otherwise the
 // kernel's OOM killer ends it part way, without a word.
 void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here) {
-  // The MLP counted by the cost model, not built: a probe model would itself
-  // zero gigabytes first. The built-in CNN is small.
-  double params = 0, activation_floats = 0;
-  if (c.model == "mlp") {
-    const cost::ModelSpec spec = cost::mlp_model(data.train.features, c.hidden, data.train.num_classes);
-    params = spec.params();
-    for (const cost::LayerShape& l : spec.layers) activation_floats += l.activation_floats;
-  } else {
-    // What Model keeps per sample: every layer's output, and two buffers of
-    // upstream gradients as wide as the widest (about 350 KB for the CNN).
-    const auto model = train::make_model(c, data.train.features, data.train.num_classes);
-    params = double(model->layout().numel());
-    double widest = 0;
-    for (std::size_t i = 0; i < model->layer_count(); ++i) {
-      const auto out = double(model->layer(i).out_features());
-      activation_floats += out;
-      widest = std::max(widest, out);
-    }
-    activation_floats += 2 * widest;
-  }
+  const auto [params, activation_floats] = model_size(c, data);
   const char* widths = c.model == "mlp" ? " or --hidden" : "";
   const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
                                     : c.momentum > 0       ? cost::Optimizer::Momentum
@@ -432,7 +449,11 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
   // Over processes, every rank on this host needs its copy.
   check_memory(c, data, group == nullptr ? c.replicas : ranks_on_this_host(*group));
-  train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
+  const std::int64_t steps = train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
+  if (!f.profile_file.empty() && steps < 2) {  // its layers would be empty, and lockstep plan refuses that
+    throw InvalidArgument("--profile times every step but the first (which warms up), and this run has " +
+                          std::to_string(steps) + "; give --steps 2 or more.");
+  }
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
   if (!f.quiet && rank0) {
@@ -502,7 +523,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
       std::fprintf(stderr, "trace: %s (open it in https://ui.perfetto.dev)\n", f.trace_file.c_str());
   }
   if (!f.profile_file.empty()) {
-    write_file_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result)), "the profile");
+    write_file_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result, data)), "the profile");
     if (!f.quiet) std::fprintf(stderr, "profile for lockstep plan --profile: %s\n", f.profile_file.c_str());
   }
   if (!f.svg_file.empty()) {

@@ -245,7 +245,8 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
 
   // plan: --svg onto the --profile it reads.
   const fs::path profile = dir / "profile.json";
-  ASSERT_EQ(run(common + "--profile " + profile.string()).code, 0);
+  const std::string two_steps = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 2 ";
+  ASSERT_EQ(run(two_steps + "--profile " + profile.string()).code, 0);  // a profile needs a step past the first
   const std::string measured = bytes(profile);
   const CliRun plan = run("plan --profile " + profile.string() + " --svg " + profile.string());
   EXPECT_EQ(plan.code, 2) << plan.output;
@@ -881,6 +882,27 @@ TEST(Cli, TrainProfileFeedsPlan) {
   EXPECT_NE(plan.output.find("at micro-batch 8"), std::string::npos) << plan.output;
   const CliRun told = run("plan --micro-batch 64 --profile " + profile.string());
   EXPECT_NE(told.output.find("at micro-batch 64"), std::string::npos) << told.output;
+  // The activations the profile records are the MLP's, as plan counts them
+  // for --model (they were 0): the input, 4 x 16 and 3 floats a sample.
+  EXPECT_EQ(j["activation_bytes_per_sample"], (16.0 * 5 + 3) * 4);
+
+  // With --accumulate K a step computes K micro-batches and steps the
+  // optimizer once; the profile keeps one micro-batch's step (it recorded
+  // all K, and plan priced them as one micro-batch).
+  const fs::path accumulated = dir / "accumulated.json", report = dir / "report.json";
+  ASSERT_EQ(run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 16,16 --steps 4 " +
+                "--accumulate 4 --profile " + accumulated.string() + " --report " + report.string())
+                .code,
+            0);
+  const auto a = nlohmann::json::parse(std::ifstream(accumulated));
+  const auto rep = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(a["micro_batch"], 8);
+  EXPECT_LT(a["step_compute_ms"].get<double>(), rep["timing"]["compute_ms"].get<double>());
+  // A profile needs a step past the first, which warms up.
+  const CliRun one = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --profile " +
+                         (dir / "one.json").string());
+  EXPECT_EQ(one.code, 2) << one.output;
+  EXPECT_NE(one.output.find("give --steps 2 or more"), std::string::npos) << one.output;
 }
 
 // bench train's rows and fields; the numbers themselves are timings, so only
