@@ -1,5 +1,7 @@
 // `lockstep plan`: what data parallelism costs for a model, a device and a
 // link, where it stops paying, and what to do instead (docs/cost-model.md).
+#include <sys/stat.h>
+
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -129,6 +131,12 @@ void check_combinations(const PlanFlags& f, const CLI::App& cmd) {
   }
   if (given("--svg") && f.svg_file.empty()) throw InvalidArgument("--svg needs a file name.");
   check_outputs({{"--svg", f.svg_file}}, {{"--profile", f.profile_file}});
+  // The plot appended to the JSON on standard output would leave neither readable.
+  struct stat st {};
+  if (f.json && !f.svg_file.empty() && ::stat(f.svg_file.c_str(), &st) == 0 && standard_stream_of(st) == 1) {
+    throw InvalidArgument("--svg " + f.svg_file + " is standard output, where --json writes the plan: the two "
+                          "would run together. Give --svg a file.");
+  }
 }
 
 int run_plan(PlanFlags& f) {

@@ -468,6 +468,12 @@ TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("<svg"), std::string::npos) << r.output;
   }
+  {  // with --json the plot would run into the JSON: refused
+    const CliRun r = run("plan --json --svg /dev/stdout");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("is standard output, where --json writes the plan"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("<svg"), std::string::npos) << r.output;
+  }
   {  // /dev/stdout redirected to a file the user had: appended to, not renamed over
     const fs::path log = dir / "log.txt";
     std::ofstream(log) << "precious\n";
