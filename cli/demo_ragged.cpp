@@ -11,6 +11,7 @@
 //             loss, then weighted: exact, at the cost of computing 21 rows
 //             of nothing on the short replica.
 // `drop` (the trainer's third policy) is not shown: it never forms this batch.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -78,6 +79,13 @@ int run_demo_ragged(const DemoFlags& flags) {
   auto model = train::make_model(c, d.features, d.num_classes);
   model->init(c.seed);
   const auto full = shard_gradient(*model, d, 0, global, global);
+  // The errors below are relative to the full-batch gradient: with one class
+  // (a softmax over one output) it is zero, and they would print as NaN.
+  if (std::all_of(full.begin(), full.end(), [](float v) { return v == 0.0f; })) {
+    throw InvalidArgument("the full-batch gradient of " + flags.data_dir + "'s first " + std::to_string(global) +
+                          " samples is zero (its labels give " + std::to_string(d.num_classes) +
+                          " class(es)), so there is no error to show; give --data a set with 2 or more classes.");
+  }
 
   std::vector<std::vector<float>> local(kReplicas);
   std::vector<float> plain(full.size(), 0.0f);

@@ -54,17 +54,17 @@ CliRun run_bounded(const std::string& args) {
 }
 
 // A tiny IDX data set: `train` (64) train and 16 test images of `side` x
-// `side` (4x4), 3 classes (labels i mod 3; with `stray_label`, the first
-// train label is that instead).
+// `side` (4x4), `classes` (3) classes (labels i mod classes; with
+// `stray_label`, the first train label is that instead).
 fs::path make_data_dir(const std::string& name, std::int64_t train = 64, std::uint8_t stray_label = 0,
-                       std::int64_t side = 4) {
+                       std::int64_t side = 4, int classes = 3) {
   const fs::path dir = fs::path(LOCKSTEP_TEST_TMPDIR) / name;
   fs::remove_all(dir);  // nothing from an earlier run (a file a broken build wrote there)
   fs::create_directories(dir);
   auto write = [&](const std::string& file, std::int64_t n, bool images) {
     std::vector<std::uint8_t> bytes;
     for (std::int64_t i = 0; i < n * (images ? side * side : 1); ++i)
-      bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % 3));
+      bytes.push_back(std::uint8_t(images ? (i * 37) % 256 : i % classes));
     if (!images && stray_label != 0 && file.rfind("train", 0) == 0) bytes[0] = stray_label;
     std::vector<std::int64_t> dims =
         images ? std::vector<std::int64_t>{n, side, side} : std::vector<std::int64_t>{n};
@@ -299,6 +299,9 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   const std::vector<std::pair<std::string, std::string>> early = {
       {"bench overlap --replicas 1 --data " + dir.string(), "needs at least 2 replicas"},
       {"demo ragged --data " + dir.string(), "takes one global batch of 235 training samples"},
+      // One class: the full-batch gradient is zero, and the errors printed as NaN, "exact".
+      {"demo ragged --data " + make_data_dir("cli_one_class", 256, 0, 4, 1).string(),
+       "so there is no error to show; give --data a set with 2 or more classes"},
       {"bench train --data " + dir.string(), "global batches of up to 256 samples"},
       {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
       {"bench allreduce --sizes 0x10", "use decimal bytes"},  // strtod read it as 16 bytes
