@@ -297,6 +297,17 @@ TEST_F(GlooRendezvous, ABindAddressThatIsNotThisMachinesIsNamed) {
     EXPECT_NE(bound.log.find("cannot listen on '" + bind + "': " + said), std::string::npos)
         << bind << ": " << contains_msg(bound);
   }
+  // Checked before the rendezvous: a rank started alone is refused at once
+  // (it waited for its peers first, its whole rendezvous timeout).
+  GlooGroup alone(dir_);
+  auto a = args(2);
+  a[3] += "-alone";
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000", "--bind", "0.0.0.0"});
+  alone.spawn(0, a);
+  const auto exits = alone.wait_all(20s);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("the wildcard address listens everywhere"), std::string::npos) << contains_msg(exits[0]);
 }
 
 // Note [Aborts do not outlive their job]: a job that fails, in the join,

@@ -86,6 +86,18 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   // the join, the abort watcher's reads during training).
   const auto store_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(o.timeout, o.rendezvous_timeout));
   auto store = std::make_unique<gloo_backend::RendezvousStore>(o.rendezvous, o.job_id, store_timeout);
+  // Before the rendezvous: a rank that cannot listen where it was told would
+  // otherwise wait there for its peers first (its whole timeout, if it is
+  // the only one started).
+  // The reason goes to the store too, for the ranks already waiting there.
+  if (!o.bind.empty()) {
+    try {
+      gloo_backend::check_bind_address("rank " + std::to_string(o.rank), o.bind);
+    } catch (const Error& e) {
+      gloo_backend::leave_failed(*store, o.rank, o.world_size, e.what());
+      throw;
+    }
+  }
   const auto deadline = deadline_after(o.rendezvous_timeout);
   auto mesh = std::make_shared<gloo_backend::Mesh>(o.rank, o.world_size);
   mesh->setTimeout(o.timeout);

@@ -106,6 +106,47 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
   return what;
 }
 
+
+// Note [A connect that outlives the deadline]: a pair waits for its peer up
+// to 5x the timeout it was made with (tcp/pair.h), counted from the connect
+// call, and the pairs are made before the peers' addresses are read. A peer
+// whose addresses came just before the deadline would get that whole time
+// again. This watch closes the mesh at the deadline (Note [Closing the
+// mesh]), which wakes a connect blocked there.
+class DeadlineWatch {
+ public:
+  DeadlineWatch(Mesh& mesh, Clock::time_point deadline)
+      : thread_([this, &mesh, deadline] {
+          std::unique_lock lock(mu_);
+          if (cv_.wait_until(lock, deadline, [this] { return stopped_; })) return;
+          fired_ = true;
+          lock.unlock();
+          mesh.close_all();
+        }) {}
+  ~DeadlineWatch() { stop(); }
+  DeadlineWatch(const DeadlineWatch&) = delete;
+  DeadlineWatch& operator=(const DeadlineWatch&) = delete;
+
+  // Stops the watch; true if the deadline came first and the mesh is closed.
+  bool stop() {
+    {
+      const std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false, fired_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
+}  // namespace
+
 // Throws IoError, saying why, when no socket can be bound to `bind`: the name
 // does not resolve (or not now: a temporary resolver failure), it resolves
 // only to addresses that are not this machine's, or binding failed for
@@ -150,46 +191,6 @@ void check_bind_address(const std::string& me, const std::string& bind) {
   if (only_not_ours) throw IoError(head + "the name resolves, but to no address of this machine" + remedy);
   throw IoError(head + "binding a socket failed (" + std::strerror(first_errno) + ")" + remedy);
 }
-
-// Note [A connect that outlives the deadline]: a pair waits for its peer up
-// to 5x the timeout it was made with (tcp/pair.h), counted from the connect
-// call, and the pairs are made before the peers' addresses are read. A peer
-// whose addresses came just before the deadline would get that whole time
-// again. This watch closes the mesh at the deadline (Note [Closing the
-// mesh]), which wakes a connect blocked there.
-class DeadlineWatch {
- public:
-  DeadlineWatch(Mesh& mesh, Clock::time_point deadline)
-      : thread_([this, &mesh, deadline] {
-          std::unique_lock lock(mu_);
-          if (cv_.wait_until(lock, deadline, [this] { return stopped_; })) return;
-          fired_ = true;
-          lock.unlock();
-          mesh.close_all();
-        }) {}
-  ~DeadlineWatch() { stop(); }
-  DeadlineWatch(const DeadlineWatch&) = delete;
-  DeadlineWatch& operator=(const DeadlineWatch&) = delete;
-
-  // Stops the watch; true if the deadline came first and the mesh is closed.
-  bool stop() {
-    {
-      const std::lock_guard lock(mu_);
-      stopped_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    return fired_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopped_ = false, fired_ = false;
-  std::thread thread_;  // last: it uses the members above
-};
-
-}  // namespace
 
 Mesh::Mesh(int rank, int size) : gloo::Context(rank, size), peer_addresses_(size) {}
 

@@ -27,6 +27,11 @@ namespace lockstep::comm::gloo_backend {
 // of this rank's listening address for the pair with i (empty for itself).
 std::string encode_addresses(const std::vector<std::vector<char>>& addresses);
 
+// Throws IoError (InvalidArgument for the wildcard address), saying why, when
+// this host cannot listen on `bind` where its peers can reach it. `me`
+// ("rank 3") opens the message.
+void check_bind_address(const std::string& me, const std::string& bind);
+
 class Mesh final : public gloo::Context {
  public:
   Mesh(int rank, int size);
