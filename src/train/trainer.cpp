@@ -107,8 +107,10 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   }
   if (c.zero != 0 && c.zero != 1) {
     throw InvalidArgument("--zero " + std::to_string(c.zero) +
-                          ": lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state); stages 2 "
-                          "and 3 are priced by lockstep plan, not trained.");
+                          ": lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state)" +
+                          (c.zero == 2 || c.zero == 3 ? std::string("; stages 2 and 3 are not trained, but every "
+                                                                    "lockstep plan prices them among its alternatives.")
+                                                      : std::string(".")));
   }
   if (c.zero == 1 && c.replicas == 1) {
     throw InvalidArgument("--zero 1 shards the optimizer state over the replicas, and one replica has nothing to "

@@ -222,7 +222,9 @@ TEST(Zero, RefusesWhatItCannotShard) {
   expect_refused(c, "one replica has nothing to shard with");
   c = zero_config(4);
   c.zero = 2;
-  expect_refused(c, "stages 2 and 3 are priced by lockstep plan");
+  expect_refused(c, "stages 2 and 3 are not trained, but every lockstep plan prices them");
+  c.zero = -1;
+  expect_refused(c, "--zero -1: lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state).");
   c.zero = 1;
   c.compression = ddp::Compression::Bf16;
   expect_refused(c, "--compress bf16 cannot be combined");
