@@ -137,7 +137,11 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     fail(dir, "is a file; give the directory (--data DIR) that holds the IDX files (MNIST layout, e.g. Fashion-MNIST)");
   }
-  if (!fs::is_directory(dir, ec)) {
+  const bool is_dir = fs::is_directory(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {  // a symlink loop, a directory we may not enter
+    fail(dir, "cannot be read (" + ec.message() + "); point the data directory (--data DIR) at an IDX data set");
+  }
+  if (!is_dir) {
     fail(dir,
          "no such directory; point the data directory (--data DIR) at an IDX data set (MNIST layout, "
          "e.g. Fashion-MNIST)");

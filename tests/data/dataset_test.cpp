@@ -173,6 +173,21 @@ TEST_F(DatasetTest, MissingFileNamesDirectoryAndFile) {
   expect_load_error({dir_.string(), "t10k-labels-idx1-ubyte", "--data DIR"});
 }
 
+// A directory that cannot be read is named as such, not as one that does
+// not exist (a symlink loop said "no such directory").
+TEST_F(DatasetTest, ASymlinkLoopIsNotCalledMissing) {
+  const fs::path a = dir_ / "loop_a", b = dir_ / "loop_b";
+  fs::create_symlink(b, a);
+  fs::create_symlink(a, b);
+  try {
+    load_image_classification(a);
+    ADD_FAILURE() << "a symlink loop loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be read (Too many levels of symbolic links)"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A data set whose pixels as float32 would not fit in the memory left is
 // refused naming the file (a 600 KB gzip of zeros took 3 GB), and a link to
 // nothing is named as such, not as a file that is absent.
