@@ -67,9 +67,10 @@ class Dropout final : public Layer {
 
   void forward(const float* x, float* y, std::int64_t batch, const ForwardContext& ctx) override {
     // x: (B, D) -> y: (B, D)
-    LOCKSTEP_CHECK(ctx.sample_index.empty() || static_cast<std::int64_t>(ctx.sample_index.size()) == batch,
-                   "the context has one sample index per row, or none");
-    LOCKSTEP_CHECK(ctx.step < (std::uint64_t{1} << 32), "Dropout keys steps below 2^32");
+    LOCKSTEP_REQUIRE(ctx.sample_index.empty() || static_cast<std::int64_t>(ctx.sample_index.size()) == batch,
+                     "Dropout: the ForwardContext has one sample index per row, or none");
+    LOCKSTEP_REQUIRE(ctx.step < (std::uint64_t{1} << 32),
+                     "Dropout: ForwardContext::step must be below 2^32, got " + std::to_string(ctx.step));
     forward_training_ = training_;
     seed_ = ctx.seed;
     step_ = ctx.step;

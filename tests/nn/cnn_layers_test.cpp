@@ -334,6 +334,15 @@ std::vector<float> masks(float p, std::int64_t features, const ForwardContext& c
   return y;
 }
 
+// A context the masks cannot be keyed by is the caller's error
+// (InvalidArgument, naming the field), not an internal check's.
+TEST(Dropout, AContextItCannotKeyIsRefused) {
+  const std::int64_t idx[] = {1, 2};
+  EXPECT_THROW(masks(0.5f, 4, {.step = std::uint64_t{1} << 32}, 1), InvalidArgument);
+  EXPECT_THROW(masks(0.5f, 4, {.sample_index = idx}, 3), InvalidArgument);
+  EXPECT_NO_THROW(masks(0.5f, 4, {.step = (std::uint64_t{1} << 32) - 1, .sample_index = idx}, 2));
+}
+
 TEST(Dropout, ScalesKeptElementsAndBackwardUsesTheSameMask) {
   const std::int64_t B = 3, D = 37;
   const float p = 0.3f;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "lockstep/comm/bf16.h"  // allreduce_bf16 takes its storage
 #include "lockstep/comm/communicator.h"
 
 namespace lockstep::comm {
