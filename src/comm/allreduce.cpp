@@ -107,8 +107,13 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
                 : hierarchy                                    ? Algorithm::Hierarchical
                                                                : Algorithm::Ring;
   }
-  // Every rank sees the same backend and nodes(), so every rank refuses alike, before any message.
-  check_algorithm(comm, algorithm);
+  // Before any message; aborting the group, for a rank that asked another
+  // algorithm than its peers would leave them waiting for it.
+  try {
+    check_algorithm(comm, algorithm);
+  } catch (const InvalidArgument& e) {
+    refuse_call(comm, e.what());
+  }
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
   if (algorithm == Algorithm::Ring || algorithm == Algorithm::Hierarchical) {
     // and on the ring's segments, which cut its messages and tags

@@ -47,7 +47,7 @@ namespace {
 void sharded_half(Communicator& comm, std::span<float> data, const AllreduceOptions& options, bool reduce) {
   const CollectiveKind kind = reduce ? CollectiveKind::ReduceScatter : CollectiveKind::AllGather;
   const ReduceOp op = reduce ? options.op : ReduceOp::Sum;
-  const detail::CollectiveScope scope(comm, detail::kind_name(kind));
+  const detail::CollectiveScope scope(comm, reduce ? "reduce_scatter_in_place" : "all_gather_in_place");
   Fingerprint fp = detail::start_collective(comm, kind, op, DataType::Float32, data.size());
   fp.global_batch = options.global_batch;
   const int n = comm.size();

@@ -170,14 +170,17 @@ struct Reducer::State {
   // A step this rank cannot finish (a misuse found in finish_step): aborts
   // the group, whose other ranks wait in this step's collectives, ends the
   // step once the communication thread has left its collective (the abort
-  // fails it at once), and throws InvalidArgument(what). The next call meets
-  // the group's error, as after any failed step.
+  // fails it at once), and throws InvalidArgument(what). The next step's
+  // first collective meets the group's error, as after any failed step. If
+  // the thread is still inside its collective after the timeout, the step is
+  // left as it is (the thread writes its end when it returns).
   [[noreturn]] void refuse_step(const std::string& what) {
     comm.abort("rank " + std::to_string(comm.rank()) + ": " + what);
     std::unique_lock lock(mu);
-    cv.wait_until(lock, comm::deadline_after(comm.timeout()), [&] { return !busy; });
-    next = buckets.size();
-    in_step = false;
+    if (cv.wait_until(lock, comm::deadline_after(comm.timeout()), [&] { return !busy; })) {
+      next = buckets.size();
+      in_step = false;
+    }
     throw InvalidArgument(what);
   }
 };

@@ -204,6 +204,29 @@ TEST(ThreadGroup, AProgramsTagInTheLibrarysRangeIsRefused) {
   }
 }
 
+// An algorithm the group cannot run, asked for by one rank only: refused
+// there, and the group aborted, so the ranks that went on into their ring
+// wake with the reason instead of waiting out their timeout.
+TEST(ThreadGroup, AnAlgorithmOneRankCannotRunStopsEveryRankAtOnce) {
+  auto errors = run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> data(1000, 1.0f);
+        allreduce(comm, data, {.algorithm = comm.rank() == 0 ? Algorithm::Tree : Algorithm::Ring});
+      },
+      std::chrono::seconds(30));
+  ASSERT_TRUE(errors[0]);
+  EXPECT_THROW(std::rethrow_exception(errors[0]), InvalidArgument);
+  for (int r : {1, 2}) {
+    ASSERT_TRUE(errors[r]) << r;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const CommAborted& e) {
+      EXPECT_NE(std::string(e.what()).find("power-of-two number of ranks, not 3"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A rank's thread that fails without aborting, and whose communicator is
 // destroyed as the exception unwinds, aborts the group: the others learn of
 // it at once instead of waiting out their timeout to blame it with no cause.

@@ -497,7 +497,7 @@ TEST(Reducer, AnnouncingATensorTwiceOrNeverIsAnError) {
 // once: the group is aborted, so the rank waiting for its buckets is woken
 // with the reason instead of timing out (a library review: 60 s, then a
 // TimeoutError that named no cause), and the step is over on both, so the
-// next begin_step meets the group's error rather than "called again".
+// next begin_step is not refused as "called again" (its collectives meet the abort).
 TEST(Reducer, ATensorNeverAnnouncedStopsEveryRankAtOnce) {
   for (const bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "overlap" : "no overlap");
@@ -515,7 +515,7 @@ TEST(Reducer, ATensorNeverAnnouncedStopsEveryRankAtOnce) {
             reducer.finish_step();
           } catch (const Error&) {
             try {
-              reducer.begin_step(1, 2);  // the step has ended: the group's error, not "called again"
+              reducer.begin_step(1, 2);  // the step has ended: no "called again" (its collectives meet the abort)
             } catch (const std::exception& e) {
               EXPECT_EQ(std::string(e.what()).find("called again"), std::string::npos) << e.what();
             }

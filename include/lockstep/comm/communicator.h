@@ -153,7 +153,9 @@ class Communicator {
 
   // The transport's send and receive, for any tag: what a backend
   // implements, and what the library's collectives call with their own tags
-  // (isend and irecv check a program's tag, then call these).
+  // (isend and irecv check a program's tag, then call these). Programs call
+  // isend and irecv, never these: a tag of the library's from a program can
+  // be taken by a collective's receive.
   virtual std::unique_ptr<Work> post_send(int peer, std::uint64_t tag, std::span<const std::byte> data) = 0;
   virtual std::unique_ptr<Work> post_recv(int peer, std::uint64_t tag, std::span<std::byte> data) = 0;
 

@@ -94,7 +94,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
     try {
       gloo_backend::check_bind_address("rank " + std::to_string(o.rank), o.bind);
     } catch (const Error& e) {
-      gloo_backend::leave_failed(*store, o.rank, o.world_size, e.what());
+      gloo_backend::publish_abort(*store, e.what());  // the join's "abort": no claim of ours to withdraw yet
       throw;
     }
   }

@@ -237,7 +237,7 @@ void GlooCommunicator::allreduce(std::span<float> data, const Fingerprint& fp, b
       const ScopedSigpipeBlock no_sigpipe;
       gloo::allreduce(opts);
     } catch (const std::exception& e) {
-      transport_failed("native all-reduce", -1, fp.sequence << 16, e.what(), timeout());
+      transport_failed("native all-reduce", -1, detail::make_tag(fp.sequence, 0), e.what(), timeout());
     }
     // Booked as a ring's traffic: Gloo does not report what it sent. No
     // messages are booked, so a report can tell booked bytes from counted ones.
