@@ -84,35 +84,39 @@ namespace detail {
 void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOptions& options,
                   CollectiveKind kind) {
   const CollectiveScope scope(comm, kind_name(kind));
+  NativeAllreduce* native = comm.native_allreduce();
+  Algorithm algorithm = options.algorithm;
+  if (comm.size() > 1) {
+    if (algorithm == Algorithm::Auto) {
+      // Where the backend shares memory, its native path moves the least memory
+      // and synchronises twice; otherwise the ring for large buffers (bandwidth-
+      // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
+      // 2(N-1)); the ring becomes hierarchical when the ranks sit on several
+      // nodes of equal size (fewer bytes through each node's link, fewer
+      // rounds). The rule and its measurements: docs/algorithms.md.
+      const bool shared = native != nullptr && native->shares_memory();
+      const auto layout = shared ? std::nullopt : node_layout(comm);
+      const bool hierarchy = layout && layout->nodes > 1 && layout->per_node > 1;
+      algorithm = shared                                         ? Algorithm::SharedMemory
+                  : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
+                  : hierarchy                                    ? Algorithm::Hierarchical
+                                                                 : Algorithm::Ring;
+    }
+    // Before the call is numbered or the group's abort is read, so that every
+    // rank of a group that cannot run it refuses alike (InvalidArgument); and
+    // the group is aborted, for a rank whose peers asked for another
+    // algorithm, which they would wait on until their timeout.
+    try {
+      check_algorithm(comm, algorithm);
+    } catch (const InvalidArgument& e) {
+      refuse_call(comm, e.what());
+    }
+  }
   Fingerprint fp = start_collective(comm, kind, options.op, DataType::Float32, data.size());
   fp.global_batch = options.global_batch;
   if (comm.size() == 1) {
     finish(data, options.op, 1);
     return;
-  }
-  NativeAllreduce* native = comm.native_allreduce();
-  Algorithm algorithm = options.algorithm;
-  if (algorithm == Algorithm::Auto) {
-    // Where the backend shares memory, its native path moves the least memory
-    // and synchronises twice; otherwise the ring for large buffers (bandwidth-
-    // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
-    // 2(N-1)); the ring becomes hierarchical when the ranks sit on several
-    // nodes of equal size (fewer bytes through each node's link, fewer
-    // rounds). The rule and its measurements: docs/algorithms.md.
-    const bool shared = native != nullptr && native->shares_memory();
-    const auto layout = shared ? std::nullopt : node_layout(comm);
-    const bool hierarchy = layout && layout->nodes > 1 && layout->per_node > 1;
-    algorithm = shared                                         ? Algorithm::SharedMemory
-                : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
-                : hierarchy                                    ? Algorithm::Hierarchical
-                                                               : Algorithm::Ring;
-  }
-  // Before any message; aborting the group, for a rank that asked another
-  // algorithm than its peers would leave them waiting for it.
-  try {
-    check_algorithm(comm, algorithm);
-  } catch (const InvalidArgument& e) {
-    refuse_call(comm, e.what());
   }
   fp.algorithm = static_cast<std::uint32_t>(algorithm);  // ranks must agree on it too
   if (algorithm == Algorithm::Ring || algorithm == Algorithm::Hierarchical) {

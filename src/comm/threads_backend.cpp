@@ -18,6 +18,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
+#include "peer_check.h"
 #include "tags.h"
 #include "threads_hub.h"
 
@@ -183,15 +184,7 @@ class ThreadCommunicator final : public Communicator, private NativeAllreduce {
     bytes_received_ += bytes;
   }
 
-  void check_peer(int peer, const char* what) const {
-    if (peer == rank_) {
-      throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " itself");
-    }
-    if (peer < 0 || peer >= size_) {
-      throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " + what + " rank " +
-                            std::to_string(peer) + " in a group of " + std::to_string(size_));
-    }
-  }
+  void check_peer(int peer, const char* what) const { detail::check_peer(rank_, size_, peer, what); }
 
   // Matches `op` against the other side's parked ops, or parks it.
   std::unique_ptr<Work> post(const std::shared_ptr<Op>& op, std::deque<std::shared_ptr<Op>>& counterparts,

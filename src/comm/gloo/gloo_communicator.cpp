@@ -9,6 +9,7 @@
 
 #include "algorithms.h"
 #include "fingerprint.h"
+#include "peer_check.h"
 #include "lockstep/error.h"
 #include "sigpipe.h"
 
@@ -120,11 +121,7 @@ std::unique_ptr<Work> GlooCommunicator::post_recv(int peer, std::uint64_t tag, s
 
 std::unique_ptr<Work> GlooCommunicator::post(bool is_send, int peer, std::uint64_t tag, std::byte* data,
                                              std::size_t bytes) {
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": cannot " +
-                          (is_send ? "send to" : "recv from") + " rank " + std::to_string(peer) +
-                          " in a group of " + std::to_string(size_));
-  }
+  detail::check_peer(rank_, size_, peer, is_send ? "send to" : "recv from");
   {
     std::lock_guard lock(mu_);
     if (!reason_.empty())

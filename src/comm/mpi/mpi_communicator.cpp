@@ -29,6 +29,7 @@
 
 #include "../algorithms.h"
 #include "../fingerprint.h"
+#include "../peer_check.h"
 #include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
 #include "mpi_channel.h"
@@ -123,10 +124,7 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
 
   void check_call(int peer, const char* what, std::size_t bytes) {
     const int r = rank(), n = size();
-    if (peer < 0 || peer >= n || peer == r) {
-      throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " +
-                            std::to_string(peer) + " in a group of " + std::to_string(n));
-    }
+    detail::check_peer(r, n, peer, what);
     if (bytes > static_cast<std::size_t>(INT_MAX)) {
       throw InvalidArgument("rank " + std::to_string(r) + ": cannot " + what + " rank " +
                             std::to_string(peer) + " " + std::to_string(bytes) +
