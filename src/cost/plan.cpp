@@ -152,9 +152,10 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   // step. Stage 1 keeps whole gradients: they accumulate locally, and one
   // reduce-scatter in backward hides as the all-reduce did; the all-gather of
   // the updated parameters after the optimizer cannot hide (DeepSpeed's
-  // default), +c/2. Stage 2 keeps only its shard of the gradients, so every
-  // micro-step reduce-scatters (c/2 each); the k-1 more are exposed in the
-  // proportion the all-reduce was. Stage 3 also gathers each layer's
+  // default), +c/2 (or as predict_step prices lockstep's --zero 1, below).
+  // Stage 2 keeps only its shard of the gradients, so every micro-step
+  // reduce-scatters (c/2 each): stage 1's step, and the k-1 more exposed in
+  // the proportion the all-reduce was. Stage 3 also gathers each layer's
   // parameters before every micro-step's forward (prefetched, hidden behind
   // that forward when it fits) and again in its backward, where the gather
   // and the reduce-scatter are exposed in the same proportion: 1.5x the
@@ -164,19 +165,23 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   const double exposed_share = c > 0 ? std::min(1.0, dp.step.exposed_comm_ms / c) : 0;
   // ZeRO-1 as lockstep trains it (--zero 1), priced by predict_step, where
   // the plan's own schedule allows it (buckets, float32); else the outline.
+  // ZeRO-2 is ZeRO-1's step, whatever prices it, plus its k-1 more reduce-scatters.
+  double zero1_step_ms = dp.step.step_ms;  // planned --zero 1 already
   if (o.step.launch == StepOptions::Launch::Buckets && !o.step.bf16) {
     if (!o.step.zero1) {
       PlanOptions z = o;
       z.step.zero1 = true;
       out.push_back(as_alternative(plan_row(profile, z, n), "ZeRO-1",
                                    "optimizer state sharded over the replicas (lockstep train --zero 1)"));
+      zero1_step_ms = out.back().step_ms;
     }
   } else {
-    out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", dp.step.step_ms + c / 2,
+    zero1_step_ms = dp.step.step_ms + c / 2;
+    out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", zero1_step_ms,
                             m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
   }
   out.push_back(with_step("ZeRO-2", "optimizer state and gradients sharded",
-                          dp.step.step_ms + c / 2 + (k - 1) * c / 2 * exposed_share,
+                          zero1_step_ms + (k - 1) * c / 2 * exposed_share,
                           m.weights + (m.gradients + m.optimizer_state) / n + m.activations, sent * (k + 1) / 2));
   const double z3 = dp.step.step_ms + k * std::max(0.0, c / 2 - dp.step.forward_ms / k) + c / 2 * exposed_share +
                     (k - 1) * c * exposed_share;
