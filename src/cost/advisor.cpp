@@ -376,8 +376,15 @@ Recommendation advise(const Profile& profile, const PlanOptions& o, const std::v
   // floor, or the cost increase as an efficiency), with digits enough to differ.
   const double floor = efficiency_floor(o);
   const bool close = strf("%.2f", failing->efficiency) == strf("%.2f", floor);
-  const std::string falls = close ? strf("falls to %.4f, under %.4f", failing->efficiency, floor)
-                                  : strf("falls to %.2f, under %.2f", failing->efficiency, floor);
+  // Named when the cost threshold binds, not --min-efficiency (a user who
+  // lowered --min-efficiency read "under 0.80" with no cause).
+  const std::string by_cost =
+      floor > o.min_efficiency ? strf(" (a cost per sample %.0f%% over one replica's, --max-cost-increase %.2f)",
+                                      100 * o.max_cost_increase, o.max_cost_increase)
+                               : std::string();
+  const std::string falls = (close ? strf("falls to %.4f, under %.4f", failing->efficiency, floor)
+                                   : strf("falls to %.2f, under %.2f", failing->efficiency, floor)) +
+                            by_cost;
   const PlanRow& ok = *std::find_if(rows.begin(), rows.end(),
                                     [&](const PlanRow& r) { return r.replicas == rec.max_replicas; });
   if (rec.max_replicas == 1) {

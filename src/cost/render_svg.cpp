@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "format.h"
+#include "plan_internal.h"
 #include "lockstep/cost/render.h"
 
 namespace lockstep::cost {
@@ -98,11 +99,16 @@ std::string plan_svg(const Plan& plan) {
       kWidth - 16, kTop + kPlotH / 2);
 
   // The threshold and the recommended limit.
-  const double ty = y_eff(plan.options.min_efficiency);
+  // The binding threshold: --min-efficiency, or the cost increase as an efficiency.
+  const double floor = detail::efficiency_floor(plan.options);
+  const double ty = y_eff(floor);
+  const std::string label = floor > plan.options.min_efficiency
+                                ? strf("efficiency %.2f (--max-cost-increase %.2f)", floor, plan.options.max_cost_increase)
+                                : strf("min efficiency %.2f", floor);
   s += strf(
       "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#1f77b4\" stroke-dasharray=\"5 4\"/>"
-      "<text x=\"%.0f\" y=\"%.1f\" fill=\"#1f77b4\" font-size=\"10\">min efficiency %.2f</text>\n",
-      kLeft, ty, kLeft + kPlotW, ty, kLeft + 4, ty - 4, plan.options.min_efficiency);
+      "<text x=\"%.0f\" y=\"%.1f\" fill=\"#1f77b4\" font-size=\"10\">%s</text>\n",
+      kLeft, ty, kLeft + kPlotW, ty, kLeft + 4, ty - 4, label.c_str());
   const int limit = plan.recommendation.max_replicas;
   if (limit > 0 && limit >= rows.front().replicas) {
     const double x = x_of(limit);

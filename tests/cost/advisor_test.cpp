@@ -5,6 +5,7 @@
 
 #include "lockstep/cost/models.h"
 #include "lockstep/cost/plan.h"
+#include "lockstep/cost/render.h"
 #include "lockstep/error.h"
 #include "cost/plan_internal.h"
 
@@ -43,6 +44,24 @@ TEST(Advisor, LatencyBoundSmallModel) {
     if (a.name.starts_with("--compress")) break;
   }
   EXPECT_TRUE(accumulate_ahead);
+}
+
+// The threshold that binds is named: with --min-efficiency under the cost
+// threshold's 0.80 (--max-cost-increase 0.25), "under 0.80" said nothing of
+// why, and the plot drew the line at --min-efficiency.
+TEST(Advisor, TheCostThresholdIsNamedWhenItBinds) {
+  PlanOptions o = options({1, 2, 64}, {100e9, 1e-3});
+  o.min_efficiency = 0.5;
+  const Plan plan = make_plan(uniform(40e3, 1), o);
+  EXPECT_NE(plan.recommendation.summary.find("under 0.80 (a cost per sample 25% over one replica's, "
+                                             "--max-cost-increase 0.25)"),
+            std::string::npos)
+      << plan.recommendation.summary;
+  EXPECT_NE(plan_svg(plan).find("efficiency 0.80 (--max-cost-increase 0.25)"), std::string::npos);
+  o.max_cost_increase = 2;  // now --min-efficiency binds
+  const Plan own = make_plan(uniform(40e3, 1), o);
+  EXPECT_EQ(own.recommendation.summary.find("--max-cost-increase"), std::string::npos) << own.recommendation.summary;
+  EXPECT_NE(plan_svg(own).find("min efficiency 0.50"), std::string::npos);
 }
 
 // Latency-bound with a fixed algorithm (--algorithm ring): the remedies
