@@ -2,6 +2,7 @@
 // link, where it stops paying, and what to do instead (docs/cost-model.md).
 #include <sys/stat.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -57,15 +58,25 @@ cost::Profile build_profile(const PlanFlags& f, const std::optional<cost::Profil
     if (f.compute_ms <= 0)
       throw InvalidArgument(
           "--params needs --compute-ms T: one replica's compute time per step at --micro-batch.");
-    // A uniform stream: 64 equal slices, gradients ready evenly through backward.
-    const double bytes = 4 * cost::parse_count(f.params, "--params");
+    // A uniform stream: up to 64 slices of whole parameters, gradients ready
+    // evenly through backward. T holds the optimizer's pass over the state
+    // too (as a profile's step_compute_ms does); forward and backward share
+    // the rest 1:2.
+    const double params = cost::parse_count(f.params, "--params");
+    if (params != std::floor(params))
+      throw InvalidArgument("--params " + f.params + " is not a whole number of parameters.");
+    const int slices = static_cast<int>(std::min(64.0, params));
+    const double optimizer_ms = std::min(f.compute_ms / 2, passes * 4 * params / device.memory_bandwidth * 1e3);
+    const double layers_ms = f.compute_ms - optimizer_ms;
     cost::Profile p{
         .model = f.params + " parameters", .micro_batch = f.micro_batch, .step_compute_ms = f.compute_ms};
-    for (int i = 0; i < 64; ++i)
+    for (int i = 0; i < slices; ++i) {
+      const double first = std::floor(params * i / slices), end = std::floor(params * (i + 1) / slices);
       p.layers.push_back({.name = std::to_string(i),
-                          .param_bytes = bytes / 64,
-                          .forward_ms = f.compute_ms / 3 / 64,
-                          .backward_ms = 2 * f.compute_ms / 3 / 64});
+                          .param_bytes = 4 * (end - first),
+                          .forward_ms = layers_ms / 3 / slices,
+                          .backward_ms = 2 * layers_ms / 3 / slices});
+    }
     return p;
   }
   cost::Profile p;

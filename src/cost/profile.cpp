@@ -114,6 +114,7 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
     p.layers.push_back(std::move(c));
   }
   if (p.param_bytes() <= 0) bad(source, "no layer has parameters, so there is nothing to all-reduce");
+  if (!(p.step_compute_ms > 0)) bad(source, "\"step_compute_ms\" must be positive: a step takes time");
   if (p.step_compute_ms < p.forward_ms() + p.backward_ms() - 1e-6)
     bad(source, "\"step_compute_ms\" is less than the layers' forward + backward time");
   return p;

@@ -949,6 +949,15 @@ TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   EXPECT_NE(r.output.find("replicas"), std::string::npos);
   EXPECT_NE(r.output.find("Recommendation"), std::string::npos) << r.output;
   EXPECT_EQ(run("plan --link-bandwidth fast").code, 2);
+  // --params of a few parameters: each slice whole parameters (slices of
+  // 0.6 bytes rounded to nothing, and the link's latency with them).
+  const CliRun tiny = run("plan --params 10 --compute-ms 1 --replicas 1,2 --json");
+  ASSERT_EQ(tiny.code, 0) << tiny.output;
+  const auto rows = nlohmann::json::parse(tiny.output)["rows"];
+  EXPECT_GT(rows[1]["comm_ms"].get<double>(), 0) << tiny.output;
+  const CliRun half = run("plan --params 1.5 --compute-ms 1");
+  EXPECT_EQ(half.code, 2) << half.output;
+  EXPECT_NE(half.output.find("not a whole number of parameters"), std::string::npos) << half.output;
 }
 
 // Horovod's launch schedule from the command line: the inputs echo it, the

@@ -84,6 +84,11 @@ TEST(Profile, BadProfilesNameTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(std::string(s).replace(s.find("4.0,"), 4, "1.0,")).find("step_compute_ms"),
             std::string::npos);
+  // A step of no time planned as NaN efficiency and infinite samples/s.
+  std::string zero = s;
+  zero.replace(zero.find("4.0,"), 4, "0.0,");
+  for (const char* t : {"0.60", "0.90", "0.40", "0.80", "0.05", "0.05"}) zero.replace(zero.find(t), 4, "0.00");
+  EXPECT_NE(error_of(zero).find("\"step_compute_ms\" must be positive"), std::string::npos) << error_of(zero);
   // Other types and numbers past a double or an int are named, not thrown as
   // json's own type_error / out_of_range, nor cut (3.5 samples) or overflowed.
   const auto replaced = [&](const std::string& from, const std::string& to) {
