@@ -255,7 +255,7 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
   auto rank = [&](const Alternative& a) {
     return std::tuple(a.outline, !a.fits, a.efficiency < efficiency_floor(o) * (1 - 1e-12),
                       a.cost_per_million_useful_samples,
-                      -a.efficiency);  // at equal cost (a price of 0), the more efficient first
+                      -a.efficiency);  // at equal cost, the more efficient first
   };
   std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   return out;

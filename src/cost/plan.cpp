@@ -22,7 +22,11 @@ void check_options(const PlanOptions& o) {
   if (!(o.min_efficiency > 0 && o.min_efficiency <= 1))
     throw InvalidArgument("--min-efficiency must be in (0, 1], e.g. 0.8.");
   if (!(o.max_cost_increase >= 0)) throw InvalidArgument("--max-cost-increase must be zero or positive.");
-  if (!(o.price_per_device_hour >= 0)) throw InvalidArgument("--price must be zero or positive.");
+  // Price only scales the costs; at 0 they all tie and the ranking of the
+  // remedies would change with it.
+  if (!(o.price_per_device_hour > 0))
+    throw InvalidArgument("--price must be positive: it scales every cost, and the remedies are ranked by cost per "
+                          "sample (any currency; the default is 1 per device-hour).");
   if (!(o.critical_batch >= 0)) throw InvalidArgument("--critical-batch must be zero (none) or positive.");
 }
 

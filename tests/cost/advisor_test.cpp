@@ -493,6 +493,8 @@ TEST(Advisor, BadOptionsAreRejected) {
   o.min_efficiency = 0.8;
   o.price_per_device_hour = -1;
   EXPECT_THROW(make_plan(uniform(1e6, 1), o), InvalidArgument);
+  o.price_per_device_hour = 0;  // every cost ties at 0, and the ranking changed with it
+  EXPECT_THROW(make_plan(uniform(1e6, 1), o), InvalidArgument);
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ struct Plan {
 };
 
 // Throws InvalidArgument for an empty or non-positive replica list, an
-// efficiency threshold outside (0, 1], negative prices or batches.
+// efficiency threshold outside (0, 1], a price that is not positive, negative batches.
 PlanRow plan_row(const Profile& profile, const PlanOptions& options, int replicas);
 Plan make_plan(const Profile& profile, const PlanOptions& options);
 
