@@ -250,6 +250,17 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(as_alternative(
         stop, "stop at " + std::to_string(max_replicas) + (max_replicas == 1 ? " replica" : " replicas"),
         "the largest listed count that still pays"));
+  } else if (max_replicas == 0 && r.replicas > 1) {
+    // No listed count pays: fewer replicas than listed may (halving from the
+    // smallest listed count down to one, which always pays when it fits).
+    for (int n = r.replicas / 2; n >= 1; n /= 2) {
+      const PlanRow fewer = plan_row(profile, o, n);
+      if (!pays(fewer, o)) continue;
+      out.push_back(as_alternative(fewer, "use " + std::to_string(n) + (n == 1 ? " replica" : " replicas"),
+                                   "fewer than listed: the largest count, halving from " +
+                                       std::to_string(r.replicas) + ", that pays"));
+      break;
+    }
   }
   // Those that fit and pay first, cheapest useful sample first; outlines last.
   auto rank = [&](const Alternative& a) {

@@ -46,6 +46,23 @@ TEST(Advisor, LatencyBoundSmallModel) {
   EXPECT_TRUE(accumulate_ahead);
 }
 
+// When no listed count pays, fewer replicas than listed are a remedy too
+// (a plan of 64 replicas alone recommended a micro-batch at efficiency 0.51
+// and never said that one replica costs a third less).
+TEST(Advisor, FewerReplicasThanListedAreARemedy) {
+  const Plan plan = make_plan(uniform(40e3, 1), options({64}, {100e9, 1e-3}));
+  EXPECT_EQ(plan.recommendation.max_replicas, 0);
+  bool fewer = false;
+  for (const Alternative& a : plan.recommendation.ranked) {
+    if (!a.name.starts_with("use ")) continue;
+    fewer = true;
+    EXPECT_LT(a.replicas, 64);
+    EXPECT_GE(a.efficiency, 0.8);
+  }
+  EXPECT_TRUE(fewer);
+  EXPECT_TRUE(plan.recommendation.ranked.front().efficiency >= 0.8) << plan.recommendation.ranked.front().name;
+}
+
 // The threshold that binds is named: with --min-efficiency under the cost
 // threshold's 0.80 (--max-cost-increase 0.25), "under 0.80" said nothing of
 // why, and the plot drew the line at --min-efficiency.
