@@ -97,9 +97,11 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     PlanOptions a = o;
     a.step.micro_batch = o.step.micro_batch * m;
     const PlanRow row = plan_row(profile, a, r.replicas);
-    if (row.fits)
-      out.push_back(as_alternative(row, "raise --micro-batch to " + std::to_string(a.step.micro_batch),
-                                   "same communication, " + std::to_string(m) + "x the compute per step"));
+    if (!row.fits) continue;
+    out.push_back(as_alternative(row, "raise --micro-batch to " + std::to_string(a.step.micro_batch),
+                                 "same communication, " + std::to_string(m) + "x the compute per step"));
+    out.back().micro_batch = a.step.micro_batch;  // in the JSON, not only in the name
+    out.back().accumulate = a.step.accumulate;
   }
   // With one replica nothing is communicated: accumulating and compressing change nothing.
   for (std::int64_t k : {2, 4, 8}) {
@@ -109,6 +111,8 @@ std::vector<Alternative> remedies(const Profile& profile, const PlanOptions& o, 
     out.push_back(
         as_alternative(plan_row(profile, a, r.replicas), "--accumulate " + std::to_string(a.step.accumulate),
                        "one all-reduce per " + std::to_string(a.step.accumulate) + " micro-batches"));
+    out.back().micro_batch = a.step.micro_batch;
+    out.back().accumulate = a.step.accumulate;
   }
   if (!o.step.bf16 && r.replicas > 1) {  // lockstep compresses replicated training only
     PlanOptions a = o;

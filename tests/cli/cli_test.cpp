@@ -955,6 +955,21 @@ TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   ASSERT_EQ(tiny.code, 0) << tiny.output;
   const auto rows = nlohmann::json::parse(tiny.output)["rows"];
   EXPECT_GT(rows[1]["comm_ms"].get<double>(), 0) << tiny.output;
+  // The JSON carries what a program needs without parsing names: the
+  // inputs' replica list and compute, each remedy's micro-batch.
+  const CliRun json = run("plan --json");
+  ASSERT_EQ(json.code, 0) << json.output;
+  const auto j = nlohmann::json::parse(json.output);
+  EXPECT_EQ(j["inputs"]["replicas"], nlohmann::json::array({1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_GT(j["inputs"]["step_compute_ms"].get<double>(), 0);
+  int raised = 0;
+  for (const auto& a : j["recommendation"]["ranked"]) {
+    const std::string name = a["name"];
+    if (!name.starts_with("raise --micro-batch to ")) continue;
+    ++raised;
+    EXPECT_EQ(a["micro_batch"].get<std::int64_t>(), std::stoll(name.substr(23))) << name;
+  }
+  EXPECT_GT(raised, 0) << json.output;
   const CliRun half = run("plan --params 1.5 --compute-ms 1");
   EXPECT_EQ(half.code, 2) << half.output;
   EXPECT_NE(half.output.find("not a whole number of parameters"), std::string::npos) << half.output;
