@@ -177,6 +177,13 @@ int run_launch(const LaunchFlags& f) {
                  describe({.signaled = true, .value = result.forwarded_signal}).c_str(), f.nproc);
     return 128 + result.forwarded_signal;
   }
+  if (!result.lost_output.empty()) {  // the ranks succeeded, but what they printed did not arrive
+    std::fprintf(stderr,
+                 "lockstep launch: the ranks' output could not be passed on to %s, so it is incomplete; "
+                 "write it where there is room.\n",
+                 result.lost_output.c_str());
+    return 1;
+  }
   return 0;
 }
 

@@ -5,6 +5,7 @@
 //   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -101,11 +102,19 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    if (app.got_subcommand("train")) return train();
-    if (app.got_subcommand("demo")) return demo();
-    if (app.got_subcommand("plan")) return plan();
-    if (app.got_subcommand("launch")) return launch();
-    return bench();
+    const int code = app.got_subcommand("train")    ? train()
+                     : app.got_subcommand("demo")   ? demo()
+                     : app.got_subcommand("plan")   ? plan()
+                     : app.got_subcommand("launch") ? launch()
+                                                    : bench();
+    // What was printed (a summary, --json, a table) must have arrived: on a
+    // full disk it was lost, and the exit code said success.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      print_error(std::string("could not write to standard output (") + std::strerror(errno) +
+                  "), so what this command printed is incomplete; write it where there is room.");
+      return code == 0 ? 1 : code;
+    }
+    return code;
   } catch (const lockstep::InvalidArgument& e) {
     print_error(e.what());
     return 2;

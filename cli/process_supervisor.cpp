@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string_view>
 
@@ -50,13 +51,16 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-void write_all(int fd, std::string_view text) {
+// 0, or the errno of the write that failed (our own output is gone: EPIPE,
+// ENOSPC); the caller says so at the end.
+int write_all(int fd, std::string_view text) {
   while (!text.empty()) {
     const ssize_t n = write(fd, text.data(), text.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // our own output is gone (EPIPE): nothing left to tell
+    if (n <= 0) return n < 0 ? errno : EIO;
     text.remove_prefix(static_cast<std::size_t>(n));
   }
+  return 0;
 }
 
 // One child stream to one of our fds: whole lines, each behind the prefix.
@@ -68,6 +72,8 @@ class LineRelay {
   ~LineRelay() { close_now(); }
 
   int fd() const { return from_; }
+  // The errno of the first relayed line that could not be written, or 0.
+  int write_error() const { return write_error_; }
   bool open() const { return from_ >= 0; }
 
   // One read; at end of file, flushes a last unterminated line and closes.
@@ -102,9 +108,10 @@ class LineRelay {
     std::string out;
     out.reserve(prefix_.size() + line.size() + 1);
     out.append(prefix_).append(line).push_back('\n');
-    write_all(to_, out);
+    if (const int err = write_all(to_, out); err != 0 && write_error_ == 0) write_error_ = err;
   }
   int from_, to_;
+  int write_error_ = 0;
   std::string prefix_;
   std::string pending_;  // the current line, not yet terminated
 };
@@ -378,7 +385,19 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
     }
     reap();  // also without SIGCHLD: cheap, and robust to a coalesced signal
   }
-  // 4. Whatever a grandchild still holds open is cut off here (destructors close the pipes).
+  // 4. Whatever a grandchild still holds open is cut off here; a line left
+  // without its newline is passed on now, and output that could not be
+  // passed on is reported.
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    for (LineRelay* relay : {children[i].out.get(), children[i].err.get()}) {
+      if (relay == nullptr) continue;
+      relay->close_now();
+      if (relay->write_error() != 0 && result.lost_output.empty()) {
+        result.lost_output = std::string(relay == children[i].out.get() ? "standard output" : "standard error") +
+                             " (" + std::strerror(relay->write_error()) + ")";
+      }
+    }
+  }
   return result;
 }
 

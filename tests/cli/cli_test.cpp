@@ -254,6 +254,27 @@ TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
   EXPECT_EQ(bytes(profile), measured);
 }
 
+// What a command prints must arrive: on a full disk (/dev/full) the summary,
+// the table or --json was lost and the exit code said success, also through
+// lockstep launch, which passes rank 0's output on.
+TEST(Cli, OutputThatCannotBeWrittenIsAnError) {
+  const auto to_full = [](const std::string& args) {
+    return run_command("sh -c '" + std::string(LOCKSTEP_CLI) + " " + args + " >/dev/full'");
+  };
+  const CliRun plan = to_full("plan --json");
+  EXPECT_EQ(plan.code, 1) << plan.output;
+  EXPECT_NE(plan.output.find("could not write to standard output (No space left on device)"), std::string::npos)
+      << plan.output;
+  const fs::path dir = make_data_dir("cli_full");
+  const CliRun launched =
+      to_full("launch --nproc 2 -- train --data " + dir.string() + " --micro-batch 8 --steps 2 --quiet");
+  EXPECT_EQ(launched.code, 1) << launched.output;
+  EXPECT_NE(launched.output.find("could not be passed on to standard output (No space left on device)"),
+            std::string::npos)
+      << launched.output;
+  EXPECT_EQ(run_command("sh -c '" + std::string(LOCKSTEP_CLI) + " plan >/dev/null'").code, 0);
+}
+
 // A FIFO given as --init or as plan's --profile is refused at once: opening
 // one without a writer blocked for good (as --data's files are refused).
 TEST(Cli, AFifoGivenAsAFileIsRefusedNotWaitedOn) {
