@@ -167,8 +167,14 @@ int run_launch(const LaunchFlags& f) {
 
   if (result.first_failure) {
     const ChildExit& e = *result.first_failure;
-    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s; the other ranks were stopped.\n",
-                 e.index, e.signaled ? "killed by " : "", describe(e).c_str());
+    std::string stopped;  // a frozen rank makes the others time out, and the first of them "fails first"
+    for (const ChildExit& s : result.stopped) {
+      stopped += (stopped.empty() ? ", while rank " : " and rank ") + std::to_string(s.index) + " was stopped by " +
+                 describe({.signaled = true, .value = s.value});
+    }
+    if (!stopped.empty()) stopped += " and could not answer";
+    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s%s; the other ranks were stopped.\n",
+                 e.index, e.signaled ? "killed by " : "", describe(e).c_str(), stopped.c_str());
     if (e.signaled) return 128 + e.value;
     return e.value;
   }

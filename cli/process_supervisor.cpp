@@ -161,6 +161,7 @@ struct Child {
   pid_t pid = -1;
   bool reaped = false;
   bool signalled = false;  // we sent it a signal
+  int stopped_by = 0;      // the signal that stopped it (SIGSTOP, SIGTSTP), while it is stopped
   std::unique_ptr<LineRelay> out, err;
 };
 
@@ -245,7 +246,11 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
     for (std::size_t i = 0; i < children.size(); ++i) {
       auto& c = children[i];
       int status = 0;
-      if (c.pid <= 0 || c.reaped || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      if (c.pid <= 0 || c.reaped || waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != c.pid) continue;
+      if (WIFSTOPPED(status) || WIFCONTINUED(status)) {  // a rank stopped cannot answer: named if the job fails
+        c.stopped_by = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
+        continue;
+      }
       c.reaped = true;
       ChildExit e{static_cast<int>(i), WIFSIGNALED(status),
                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), c.signalled};
@@ -255,7 +260,13 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
       const bool first_was_consequence = result.first_failure && !result.first_failure->signaled &&
                                          result.first_failure->value == options.consequence_exit_code;
-      if (!result.first_failure || (first_was_consequence && !consequence)) result.first_failure = e;
+      if (!result.first_failure || (first_was_consequence && !consequence)) {
+        result.first_failure = e;
+        result.stopped.clear();  // the ranks stopped when it failed: the likely cause of a timeout
+        for (std::size_t j = 0; j < children.size(); ++j)
+          if (children[j].stopped_by != 0 && !children[j].reaped)
+            result.stopped.push_back({static_cast<int>(j), false, children[j].stopped_by, false});
+      }
       // A consequence means the group is aborted and its ranks are ending on
       // their own: the grace lets the one that failed finish saying why.
       stop_by(Clock::now() + (consequence ? options.grace : std::min(options.grace, options.own_failure_wait)));

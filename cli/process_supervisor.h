@@ -80,6 +80,7 @@ struct SupervisorResult {
   std::vector<ChildExit> exits;            // in the order they were reaped
   std::optional<ChildExit> first_failure;  // the failure that stopped the job, if any
   int forwarded_signal = 0;                // SIGINT or SIGTERM received and forwarded, else 0
+  std::vector<ChildExit> stopped;          // children stopped (SIGSTOP) when first_failure came; value: the signal
   std::string lost_output;                 // "standard output (No space left on device)": a relayed line was lost
   bool ok() const { return !first_failure && forwarded_signal == 0; }
 };

@@ -364,6 +364,25 @@ TEST_F(LaunchTrain, ASigkilledRankStopsEveryRankAndIsNamed) {
   EXPECT_TRUE(all_gone(pids, std::chrono::seconds(10)));
 }
 
+// A rank frozen by SIGSTOP: the others time out, and the first of them
+// "fails first"; the launcher says which rank was stopped (it named rank 0
+// alone), and no process is left behind, the stopped one included.
+TEST_F(LaunchTrain, AStoppedRankIsNamedWhenTheOthersTimeOut) {
+  const auto data = make_data_dir("stop");
+  auto args = train_args(data, {"--steps", "1000000", "--timeout", "2", "--log-every", "5"});
+  args.erase(std::find(args.begin(), args.end(), "--quiet"));
+  CliRun r(run_dir("stop"), launch_args(3, args));
+  ASSERT_TRUE(r.wait_for_err("[rank 0] epoch")) << r.err();
+  const auto pids = r.rank_pids();
+  ASSERT_EQ(pids.size(), 3u) << r.err();
+  kill(pids[1], SIGSTOP);
+  EXPECT_EQ(r.wait(std::chrono::seconds(2 + 10)), 1) << r.err();
+  EXPECT_NE(r.last_err_line().find("while rank 1 was stopped by signal 19 (SIGSTOP) and could not answer"),
+            std::string::npos)
+      << r.err();
+  EXPECT_TRUE(all_gone(pids, std::chrono::seconds(10)));
+}
+
 // The launcher itself is SIGKILLed: its ranks die with it (PR_SET_PDEATHSIG).
 TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   const auto data = make_data_dir("orphans");
