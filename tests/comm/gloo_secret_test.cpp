@@ -83,6 +83,18 @@ TEST_F(GlooSecret, ASecretFileOthersCanReadIsRefused) {
   const auto exits = group.wait_all(20s);
   EXPECT_EQ(exits[0].code, 2) << exits[0].log;
   EXPECT_NE(exits[0].log.find("has mode 0644"), std::string::npos) << exits[0].log;
+  // A missing file is named with its option and what to do (it said only
+  // "No such file or directory").
+  GlooGroup missing(dir_);
+  auto m = args(1);
+  m.insert(m.end(), {"--secret-file", (dir_ / "nope").string()});
+  missing.spawn(0, m);
+  const auto gone = missing.wait_all(20s);
+  EXPECT_EQ(gone[0].code, 2) << gone[0].log;
+  EXPECT_NE(gone[0].log.find("secret file (secret_file, --secret-file) " + (dir_ / "nope").string() +
+                             ": No such file or directory; give every rank the same file"),
+            std::string::npos)
+      << gone[0].log;
 }
 
 // The local ports of every TCP socket the process `pid` holds.

@@ -93,21 +93,23 @@ void exchange(Mesh& mesh, std::uint64_t slot, std::vector<Bytes32>& ours, std::v
 }  // namespace
 
 std::string read_secret_file(const std::string& path) {
+  // Each message names the file as the option gives it and says what to do.
+  const std::string what = "secret file (secret_file, --secret-file) " + path;
+  const std::string remedy = "; give every rank the same file of random bytes, readable by its owner only "
+                             "(e.g. head -c 32 /dev/urandom > s; chmod 600 s)";
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw InvalidArgument("secret file " + path + ": " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) throw InvalidArgument("secret file " + path + " is not a regular file");
+  if (::stat(path.c_str(), &st) != 0) throw InvalidArgument(what + ": " + std::strerror(errno) + remedy);
+  if (!S_ISREG(st.st_mode)) throw InvalidArgument(what + " is not a regular file" + remedy);
   if ((st.st_mode & 077) != 0) {
     std::ostringstream mode;
     mode << std::oct << (st.st_mode & 0777);
-    throw InvalidArgument("secret file " + path + " has mode 0" + mode.str() +
-                          "; it must be readable by its owner only (chmod 600 " + path + ")");
+    throw InvalidArgument(what + " has mode 0" + mode.str() + "; it must be readable by its owner only (chmod 600 " +
+                          path + ")");
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("secret file " + path + ": cannot read it");
+  if (!in) throw InvalidArgument(what + ": cannot read it" + remedy);
   std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (secret.empty()) throw InvalidArgument("secret file " + path + " is empty");
+  if (secret.empty()) throw InvalidArgument(what + " is empty" + remedy);
   return secret;
 }
 
