@@ -5,12 +5,14 @@
 //   3 stopped because another rank of a process group failed (kExitAbortedByPeer).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "commands.h"
 #include "lockstep/error.h"
@@ -120,6 +122,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const lockstep::CommAborted& e) {
     print_error(e.what());
+    // Stopped by another rank's failure: exit a moment after it, so that a
+    // launcher that reports the first non-zero exit (mpirun) reports the
+    // failure, not this consequence (1 of 3 mpirun runs named a stopped rank).
+    // The group is gone by now (MPI finalised or left), so nothing waits on us.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return lockstep::cli::kExitAbortedByPeer;
   } catch (const std::bad_alloc&) {
     print_error(std::string("out of memory; lower ") +
