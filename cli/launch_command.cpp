@@ -4,7 +4,8 @@
 // Each child gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE) plus LOCKSTEP_BACKEND, LOCKSTEP_RENDEZVOUS=file:DIR and
 // LOCKSTEP_RENDEZVOUS_TIMEOUT, which the process-group flags take as their
-// defaults. The rendezvous directory is created empty under $TMPDIR (or
+// defaults, and LOCKSTEP_PREFIXED_STREAMS, the standard streams (1, 2) whose
+// lines the launcher relays behind "[rank r] ", where outputs are refused. The rendezvous directory is created empty under $TMPDIR (or
 // /tmp) and removed afterwards. Output, signals and failure propagation:
 // process_supervisor.h. The launcher exits 0 when every rank did; else with
 // the first failed rank's exit code (128 + signal if it was killed), and its
@@ -45,7 +46,8 @@ const std::set<std::string> kOwnVariables = {"RANK",
                                              "LOCAL_WORLD_SIZE",
                                              "LOCKSTEP_BACKEND",
                                              "LOCKSTEP_RENDEZVOUS",
-                                             "LOCKSTEP_RENDEZVOUS_TIMEOUT"};
+                                             "LOCKSTEP_RENDEZVOUS_TIMEOUT",
+                                             "LOCKSTEP_PREFIXED_STREAMS"};
 
 std::string self_executable() {
   std::error_code ec;
@@ -144,7 +146,10 @@ int run_launch(const LaunchFlags& f) {
              {"LOCAL_WORLD_SIZE", std::to_string(f.nproc)},
              {"LOCKSTEP_BACKEND", f.backend},
              {"LOCKSTEP_RENDEZVOUS", "file:" + rendezvous.path()},
-             {"LOCKSTEP_RENDEZVOUS_TIMEOUT", seconds_text(f.rendezvous_timeout_s)}}) {
+             {"LOCKSTEP_RENDEZVOUS_TIMEOUT", seconds_text(f.rendezvous_timeout_s)},
+             // The streams relayed with "[rank r] " before each line (supervise,
+             // plain_stdout below): an output written there would not parse.
+             {"LOCKSTEP_PREFIXED_STREAMS", r == 0 ? "2" : "1,2"}}) {
       c.env.push_back(std::string(name) + "=" + value);
     }
     children.push_back(std::move(c));

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -47,7 +48,17 @@ void check_writable(const NamedFile& out) {
   struct stat st {};
   const bool found = ::stat(out.path.c_str(), &st) == 0;
   if (found && S_ISDIR(st.st_mode)) throw InvalidArgument(out.flag + " " + out.path + " is a directory; give a file name.");
-  if (found && standard_stream_of(st) >= 0) return;  // appended to the stream
+  if (found && standard_stream_of(st) >= 0) {  // appended to the stream
+    const int stream = standard_stream_of(st);
+    const char* prefixed = std::getenv("LOCKSTEP_PREFIXED_STREAMS");  // set by lockstep launch
+    if (prefixed != nullptr && std::strchr(prefixed, '0' + stream) != nullptr) {
+      throw InvalidArgument(out.flag + " " + out.path + ": lockstep launch puts \"[rank N] \" before each line of " +
+                            "this rank's standard " + (stream == 1 ? "output" : "error") +
+                            ", so the output would not come out whole; give a file" +
+                            (std::strchr(prefixed, '1') == nullptr ? ", or /dev/stdout (passed on as is)." : "."));
+    }
+    return;
+  }
   if (found && S_ISSOCK(st.st_mode)) {
     throw InvalidArgument(out.flag + " " + out.path + " is a socket; give a file, a device or a pipe.");
   }
@@ -99,6 +110,15 @@ void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<Name
       }
     }
   }
+}
+
+bool takes_standard_output(const std::vector<NamedFile>& outputs) {
+  for (const NamedFile& out : outputs) {
+    struct stat st {};
+    if (!out.path.empty() && ::stat(out.path.c_str(), &st) == 0 && standard_stream_of(st) == STDOUT_FILENO)
+      return true;
+  }
+  return false;
 }
 
 }  // namespace lockstep::cli

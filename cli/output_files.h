@@ -25,4 +25,10 @@ struct NamedFile {
 // symlink, a hard link, ./x and x).
 void check_outputs(const std::vector<NamedFile>& outputs, const std::vector<NamedFile>& inputs);
 
+// True if one of `outputs` is this process's standard output (/dev/stdout, or
+// a path to the file or pipe it is): that output takes the stream, and the
+// command's own text (a summary, a table) goes to standard error instead, so
+// that `--report /dev/stdout | jq` gets the JSON alone.
+bool takes_standard_output(const std::vector<NamedFile>& outputs);
+
 }  // namespace lockstep::cli

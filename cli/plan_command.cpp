@@ -238,8 +238,10 @@ int run_plan(PlanFlags& f) {
   const cost::Profile profile = build_profile(f, measured, device, cost::optimizer_passes(o.optimizer));
   const cost::Plan plan = cost::make_plan(profile, o);
   if (!f.svg_file.empty()) write_file_atomically(f.svg_file, cost::plan_svg(plan), "the plot");
-  std::cout << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));
-  if (!f.json && !f.svg_file.empty()) std::cout << "plot: " << f.svg_file << "\n";
+  // The plot on standard output takes it (--json with it is refused above).
+  std::ostream& text = takes_standard_output({{"--svg", f.svg_file}}) ? std::cerr : std::cout;
+  text << (f.json ? cost::plan_json(plan) : cost::plan_table(plan));
+  if (!f.json && !f.svg_file.empty()) text << "plot: " << f.svg_file << "\n";
   return 0;
 }
 

@@ -133,6 +133,14 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   return p;
 }
 
+std::vector<NamedFile> output_files(const TrainFlags& f) {
+  return {{"--save", f.save_file},
+          {"--report", f.report_file},
+          {"--trace", f.trace_file},
+          {"--timeline-svg", f.svg_file},
+          {"--profile", f.profile_file}};
+}
+
 // Fails before training, not after it, if an output cannot be written or
 // would destroy another output or one of the run's inputs.
 void check_outputs(const TrainFlags& f) {
@@ -147,12 +155,7 @@ void check_outputs(const TrainFlags& f) {
       {f.group.secret_file.empty() ? "$LOCKSTEP_SECRET_FILE" : "--secret-file", secret}};
   for (const auto& file : data::image_classification_files(f.data_dir))
     inputs.push_back({"a file of --data", file.string()});
-  check_outputs({{"--save", f.save_file},
-                 {"--report", f.report_file},
-                 {"--trace", f.trace_file},
-                 {"--timeline-svg", f.svg_file},
-                 {"--profile", f.profile_file}},
-                inputs);
+  check_outputs(output_files(f), inputs);
   if (f.svg_step >= 0 && f.svg_file.empty())
     throw InvalidArgument("--timeline-step needs --timeline-svg FILE.");
 }
@@ -511,7 +514,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     }
   }
 
-  std::cout << train::summary_text(c, result);
+  (takes_standard_output(output_files(f)) ? std::cerr : std::cout) << train::summary_text(c, result);
   if (!f.save_file.empty()) {
     nn::save_weights(f.save_file, result.layout, result.params, result.buffer_layout, result.buffers,
                      {{"format", "pt"}, {"model", result.model_description}});

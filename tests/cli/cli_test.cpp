@@ -186,6 +186,13 @@ TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
   const CliRun null = run("train --data " + dir.string() +
                           " --replicas 2 --micro-batch 8 --steps 1 --report /dev/null --trace /dev/null");
   EXPECT_EQ(null.code, 0) << null.output;
+  // An output on standard output takes it: the summary goes to standard
+  // error, and `--report /dev/stdout | jq` reads the JSON alone.
+  const CliRun json = run_command("(" + std::string(LOCKSTEP_CLI) + " train --data " + dir.string() +
+                                  " --replicas 2 --micro-batch 8 --steps 1 --report /dev/stdout 2>/dev/null | cat)");
+  EXPECT_EQ(json.code, 0) << json.output;
+  EXPECT_TRUE(nlohmann::json::accept(json.output)) << json.output;
+  EXPECT_EQ(json.output.find("replicated"), std::string::npos) << json.output;
 }
 
 // An output that names one of the run's inputs (by any path: ./x, a
@@ -491,6 +498,12 @@ TEST(Cli, OutputsWriteThroughLinksDevicesAndPipesAndKeepTheFileMode) {
     const CliRun r = run(plan + "/dev/stdout");
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("<svg"), std::string::npos) << r.output;
+  }
+  {  // the plot takes standard output, and the table goes to standard error
+    const CliRun r = run_command("(" + std::string(LOCKSTEP_CLI) + " " + plan + "/dev/stdout 2>/dev/null)");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("<svg", 0), 0u) << r.output;
+    EXPECT_TRUE(r.output.ends_with("</svg>\n")) << r.output;
   }
   {  // with --json the plot would run into the JSON: refused
     const CliRun r = run("plan --json --svg /dev/stdout");

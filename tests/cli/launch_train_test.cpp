@@ -538,6 +538,37 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
   ::unsetenv("LOCKSTEP_RENDEZVOUS_TIMEOUT");
   EXPECT_NE(missing.wait(std::chrono::seconds(30)), 0) << "the 60 s default, not the 1 s given";
   EXPECT_NE(missing.err().find("rank 1 of 2 has not joined"), std::string::npos) << missing.err();
+  // Rank 0's standard output is passed on as is, so its report parses there;
+  // its standard error is relayed behind "[rank 0] ", so an output there is
+  // refused before training.
+  CliRun to_stdout(run_dir("report-stdout"),
+                   launch_args(2, train_args(data, {"--steps", "2", "--report", "/dev/stdout"})));
+  EXPECT_EQ(to_stdout.wait(), 0) << to_stdout.err();
+  EXPECT_TRUE(nlohmann::json::accept(to_stdout.out())) << to_stdout.out();
+  CliRun to_stderr(run_dir("report-stderr"),
+                   launch_args(2, train_args(data, {"--steps", "2", "--report", "/dev/stderr"})));
+  EXPECT_EQ(to_stderr.wait(), 2) << to_stderr.err();
+  EXPECT_NE(to_stderr.err().find("--report /dev/stderr: lockstep launch puts \"[rank N] \" before each line"),
+            std::string::npos)
+      << to_stderr.err();
+  EXPECT_EQ(to_stderr.err().find("\"replicas\""), std::string::npos) << to_stderr.err();
+  // Two ranks given different job ids never meet: each times out naming its
+  // own job id and the flag that sets it.
+  const auto two = run_dir("two-jobs");
+  std::vector<std::unique_ptr<CliRun>> ranks;
+  for (const std::string rank : {"0", "1"}) {
+    ranks.push_back(std::make_unique<CliRun>(
+        run_dir("two-jobs-" + rank), train_args(data, {"--steps", "3", "--backend", "gloo", "--world-size", "2", "--rank", rank,
+                               "--rendezvous", "file:" + (two / "rdv").string(), "--job-id", "job" + rank,
+                               "--rendezvous-timeout", "1"})));
+  }
+  for (const std::string rank : {"0", "1"}) {
+    auto& r = *ranks[std::stoi(rank)];
+    EXPECT_NE(r.wait(std::chrono::seconds(30)), 0);
+    EXPECT_NE(r.err().find("has not joined (every rank needs this rendezvous and job id 'job" + rank + "' (--job-id)"),
+              std::string::npos)
+        << r.err();
+  }
   // Through launch itself: 1 ms is too short for the join and the connect
   // (one deadline), and the ranks say so with the launcher's value.
   auto fast = launch_args(2, train_args(data, {"--steps", "3"}));

@@ -307,7 +307,9 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
       throw TimeoutError(where + ": " + me + " timed out after " + std::to_string(timeout.count()) +
                          " ms waiting for the group: rank" + (missing.size() > 1 ? "s " : " ") +
                          rank_list(missing) + " of " + std::to_string(world_size) +
-                         (missing.size() > 1 ? " have" : " has") + " not joined");
+                         (missing.size() > 1 ? " have" : " has") + " not joined (every rank needs this " +
+                         "rendezvous and job id '" + store.job_id() + "' (--job-id); one slow to start needs " +
+                         "a longer --rendezvous-timeout)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
