@@ -255,8 +255,12 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       ChildExit e{static_cast<int>(i), WIFSIGNALED(status),
                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), c.signalled};
       result.exits.push_back(e);
-      // Killed by the signal we sent is our doing, not a failure of its own.
-      if (!e.failed() || (e.signaled && e.after_stop)) continue;
+      // Killed by the signal we sent is our doing, not a failure of its own;
+      // so is an exit with the shell's status for one it handled (lockstep
+      // train stops at its next progress point, writes its outputs and exits
+      // 128 + the signal).
+      const bool handled_ours = !e.signaled && e.after_stop && (e.value == 128 + SIGINT || e.value == 128 + SIGTERM);
+      if (!e.failed() || (e.signaled && e.after_stop) || handled_ours) continue;
       const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
       const bool first_was_consequence = result.first_failure && !result.first_failure->signaled &&
                                          result.first_failure->value == options.consequence_exit_code;

@@ -25,6 +25,7 @@
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/report.h"
 #include "output_files.h"
+#include "stop_on_signal.h"
 #include "lockstep/comm/collectives.h"
 #include "peak_flops.h"
 #include "process_group_flags.h"
@@ -483,10 +484,16 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     warn("--check-every 0 turns the divergence detector off: the injected bit flip will go unnoticed and the "
          "replicas end with different weights (what the detector is there to catch).");
   }
-  const train::TrainHooks hooks{.on_progress = std::ref(printer), .on_warning = warn};
+  const StopOnSignal interrupt(/*announce=*/rank0 && !f.quiet);
+  const train::TrainHooks hooks{.on_progress = std::ref(printer),
+                                .stop_requested = [&interrupt] { return interrupt.requested(); },
+                                .on_warning = warn};
   auto result =
       group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
-  if (!rank0) return 0;
+  // Stopped by a signal: the outputs are written, and the exit status says
+  // the run did not finish (128 + the signal, as the shell would show).
+  const int exit_code = result.stopped_early && interrupt.signal() != 0 ? 128 + interrupt.signal() : 0;
+  if (!rank0) return exit_code;
   if (group != nullptr) {
     // Measured now that training is over: at start-up the other ranks would
     // wait for it inside a collective. Peak of the whole job: this host's
@@ -525,13 +532,21 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     if (!f.quiet)
       std::fprintf(stderr, "trace: %s (open it in https://ui.perfetto.dev)\n", f.trace_file.c_str());
   }
-  if (!f.profile_file.empty()) {
+  if (!f.profile_file.empty() && result.steps < 2) {  // stopped early: --profile's check saw the planned steps
+    warn("--profile not written: the run stopped after " + std::to_string(result.steps) +
+         " step, and a profile times every step but the first.");
+  } else if (!f.profile_file.empty()) {
     write_file_atomically(f.profile_file, cost::profile_to_json(measured_profile(c, result, data)), "the profile");
     if (!f.quiet) std::fprintf(stderr, "profile for lockstep plan --profile: %s\n", f.profile_file.c_str());
   }
   if (!f.svg_file.empty()) {
     // Default: the last step, when everything has warmed up.
     const std::int64_t step = f.svg_step >= 0 ? f.svg_step : result.steps - 1;
+    if (step >= result.steps && result.stopped_early) {
+      warn("--timeline-svg not written: the run stopped after step " + std::to_string(result.steps) +
+           ", before the step --timeline-step asked for (" + std::to_string(step) + ").");
+      return exit_code;
+    }
     if (step >= result.steps) {
       throw InvalidArgument("--timeline-step " + std::to_string(step) + " is past the run's last step (" +
                             std::to_string(result.steps - 1) + ").");
@@ -540,7 +555,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                      "the timeline");
     if (!f.quiet) std::fprintf(stderr, "timeline of step %lld: %s\n", (long long)step, f.svg_file.c_str());
   }
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

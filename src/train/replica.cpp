@@ -413,9 +413,18 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     window[0] += loss_sum;
     window[1] += double(c.deterministic ? shard.global_count : b);  // deterministic: already the group's
     samples += shard.global_count;
+    bool stop = false;  // TrainHooks::stop_requested on any replica: agreed here, with the tallies
     if ((step + 1) % c.log_every == 0 || epoch_end) {
       const auto before_ctl = comm.stats().bytes_sent;
-      if (!c.deterministic) allreduce_tallies(comm, window);  // (deterministic: summed in the tree)
+      double votes = s.hooks.stop_requested && s.hooks.stop_requested() ? 1 : 0;
+      if (!c.deterministic) {
+        double tallies[3] = {window[0], window[1], votes};
+        allreduce_tallies(comm, tallies);
+        window[0] = tallies[0], window[1] = tallies[1], votes = tallies[2];
+      } else {  // the loss was summed in the tree already
+        allreduce_tallies(comm, std::span(&votes, 1));
+      }
+      stop = votes > 0 && !last_step;
       Progress p{epoch,
                  step + 1,
                  s.total_steps,
@@ -427,7 +436,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       window_first_step = out.steps.size();
       out.final_loss = p.loss;
       window[0] = window[1] = 0;
-      if (epoch_end && c.evaluate) {
+      if ((epoch_end || stop) && c.evaluate) {  // stopped: the weights the run ends with
         const auto t0 = Clock::now();
         p.test_accuracy = evaluate(comm, *model, s.data.test);
         eval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -439,6 +448,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       if (rank == 0 && s.hooks.on_progress) s.hooks.on_progress(p);
     }
     if (in_epoch == s.sampler.steps_per_epoch() - 1) out.epochs_run = epoch + 1;  // completed
+    out.steps_run = step + 1;
+    if (stop) {
+      // The run ends here as at its last step: the weights it ends with are
+      // compared, and the samples since the last check accounted for.
+      if (!checked) guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
+      out.stopped_early = true;
+      break;
+    }
   }
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();

@@ -43,6 +43,8 @@ struct ReplicaOutput {
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;
   std::int64_t epochs_run = 0;
+  std::int64_t steps_run = 0;   // the total, unless stopped early (TrainHooks::stop_requested)
+  bool stopped_early = false;
   std::vector<float> params;   // this replica's final weights
   std::vector<float> buffers;  // and buffers (batch norm running statistics)
   std::vector<ddp::Bucket> buckets;

@@ -244,7 +244,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     std::snprintf(line, sizeof line, ", MFU %.2f", r.mfu);
     s += line;
   }
-  return s + "\n";
+  s += "\n";
+  if (r.stopped_early) {
+    s += "  stopped      early, after step " + std::to_string(r.steps) + " of " + std::to_string(r.steps_planned) +
+         " when asked to (SIGINT or SIGTERM to lockstep train, or a program's TrainHooks::stop_requested); " +
+         "the result is that step's\n";
+  }
+  return s;
 }
 
 std::string report_json(const TrainConfig& c, const TrainResult& r) {
@@ -254,6 +260,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["accumulate"] = r.accumulate;
   j["global_batch"] = r.global_batch;
   j["steps"] = r.steps;
+  j["steps_planned"] = r.steps_planned;
+  j["stopped_early"] = r.stopped_early;
   j["epochs"] = r.epochs_run;
   j["final_loss"] = r.final_loss;
   j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();

@@ -343,19 +343,21 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.micro_batch = c.micro_batch;
   res.accumulate = c.accumulate;
   res.global_batch = sampler.global_batch();
-  res.steps = p.total_steps;
+  res.steps = o.steps_run;  // p.total_steps, unless stopped early
+  res.steps_planned = p.total_steps;
+  res.stopped_early = o.stopped_early;
   res.epochs_run = o.epochs_run;
-  res.epochs = double(p.total_steps) / double(sampler.steps_per_epoch());
+  res.epochs = double(res.steps) / double(sampler.steps_per_epoch());
   res.final_loss = o.final_loss;
   res.epoch_test_accuracy = o.epoch_test_accuracy;
   if (!o.epoch_test_accuracy.empty()) res.test_accuracy = o.epoch_test_accuracy.back();
   res.train_seconds = o.train_seconds;
   res.samples_seen = 0;
-  for (std::int64_t step = 0; step < p.total_steps; ++step)
+  for (std::int64_t step = 0; step < res.steps; ++step)
     res.samples_seen += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
   // Only when the run reaches it.
   if (const auto last = sampler.shard(sampler.steps_per_epoch() - 1, 0);
-      last.global_count < res.global_batch && p.total_steps >= sampler.steps_per_epoch()) {
+      last.global_count < res.global_batch && res.steps >= sampler.steps_per_epoch()) {
     res.last_step_samples = last.global_count;
     res.last_step_min_shard = res.last_step_max_shard = last.end - last.begin;
     for (int r = 1; r < c.replicas; ++r) {
@@ -365,7 +367,9 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
     }
   }
   std::int64_t timed_samples = 0;
-  for (std::int64_t step = p.warmup; step < p.total_steps; ++step)
+  // The clock restarts when step `warmup` begins (run_replica); a run stopped
+  // before that was timed from its first step.
+  for (std::int64_t step = res.steps > p.warmup ? p.warmup : 0; step < res.steps; ++step)
     timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
   res.samples_per_s = double(timed_samples) / o.train_seconds;
   res.flops_per_sample = p.probe->train_flops_per_sample();

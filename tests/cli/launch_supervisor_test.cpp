@@ -222,6 +222,26 @@ TEST(Supervisor, ForwardsSigintAndSighupToEveryChild) {
   }
 }
 
+// A child that handles the forwarded signal and exits with the shell's
+// status for it (lockstep train: outputs written, then 128 + the signal) was
+// stopped by the interrupt, not failing on its own: no rank "failed first".
+// One that exits otherwise after it is still a failure.
+TEST(Supervisor, AChildExitingWithTheStatusOfTheForwardedSignalIsNoFailure) {
+  const std::string ready0 = marker("handled0"), ready1 = marker("handled1");
+  std::thread interrupt([&] {  // once both traps are set (at most 30 s)
+    for (int i = 0; i < 3000 && !(fs::exists(ready0) && fs::exists(ready1)); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kill(getpid(), SIGINT);
+  });
+  const auto c = run({sh("rank 0", "trap 'exit 130' INT; touch " + ready0 + "; while :; do sleep 0.05; done"),
+                      sh("rank 1", "trap 'exit 7' INT; touch " + ready1 + "; while :; do sleep 0.05; done")});
+  interrupt.join();
+  EXPECT_EQ(c.result.forwarded_signal, SIGINT);
+  ASSERT_TRUE(c.result.first_failure) << "rank 1 exited 7 after the interrupt: a failure of its own";
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_EQ(c.result.first_failure->value, 7);
+}
+
 // Under nohup (SIGHUP ignored) the job outlives the terminal: the children
 // inherit the ignored SIGHUP, and the supervisor leaves it ignored when it
 // returns. Without nohup, the default action is back after supervise().

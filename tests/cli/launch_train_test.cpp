@@ -579,6 +579,45 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
   EXPECT_EQ(quick.err().find("60000 ms"), std::string::npos) << quick.err();
 }
 
+// SIGINT to `lockstep train` stops it at the next progress point with its
+// outputs written and exit status 130; alone, and under launch, which
+// forwards it to every rank and calls that an interruption, not a failure.
+// A second SIGINT ends the process at once, writing nothing.
+TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
+  const auto data = make_data_dir("interrupt");
+  for (const bool launched : {false, true}) {
+    SCOPED_TRACE(launched ? "launch --nproc 2" : "one process");
+    const auto dir = run_dir(launched ? "interrupt-launch" : "interrupt");
+    auto args = train_args(data, {"--steps", "1000000", "--log-every", "5", "--save", (dir / "w.st").string(),
+                                  "--report", (dir / "r.json").string()});
+    args.erase(std::find(args.begin(), args.end(), "--quiet"));  // for the progress lines
+    CliRun run(dir, launched ? launch_args(2, args) : args);
+    ASSERT_TRUE(run.wait_for_err("step 5/1000000")) << run.err();
+    kill(run.pid(), SIGINT);
+    EXPECT_EQ(run.wait(), 130) << run.err();
+    EXPECT_NE(run.err().find("interrupted; stopping at the next progress point"), std::string::npos) << run.err();
+    if (launched) EXPECT_NE(run.last_err_line().find("interrupted by signal 2 (SIGINT)"), std::string::npos) << run.err();
+    ASSERT_TRUE(fs::exists(dir / "w.st"));
+    const auto report = nlohmann::json::parse(read_file(dir / "r.json"));
+    EXPECT_TRUE(report["stopped_early"].get<bool>());
+    EXPECT_EQ(report["steps_planned"].get<int>(), 1000000);
+    EXPECT_LT(report["steps"].get<int>(), 1000000);
+    EXPECT_NE(run.out().find("stopped      early, after step"), std::string::npos) << run.out();
+  }
+  const auto dir = run_dir("interrupt-twice");
+  auto args = train_args(data, {"--steps", "1000000", "--log-every", "1000000", "--report",
+                                (dir / "r.json").string()});
+  args.erase(std::find(args.begin(), args.end(), "--quiet"));
+  CliRun run(dir, args);
+  ASSERT_TRUE(run.wait_for_err("lockstep train:")) << run.err();  // printed just before training starts
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(run.pid(), SIGINT);
+  ASSERT_TRUE(run.wait_for_err("interrupted; stopping")) << run.err();  // the first is taken as a request
+  kill(run.pid(), SIGINT);
+  EXPECT_EQ(run.wait(), 128 + SIGINT) << run.err();
+  EXPECT_FALSE(fs::exists(dir / "r.json")) << "the second interrupt ends the run at once";
+}
+
 // Only commands that join the group are one job; anything else would run N
 // independent copies. Refused before any process starts.
 TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -120,6 +121,51 @@ TEST(Lockstep, ReplicasAreBitwiseIdenticalAfterEveryStep) {
             << opt << ": rank " << r << " differs from rank 0 after step " << step;
       }
     }
+  }
+}
+
+// TrainHooks::stop_requested (lockstep train's SIGINT): one replica asking
+// stops every replica at the same progress point, and the run ends there as
+// at its last step: the weights are the uninterrupted run's at that step, bit
+// for bit, the test set is evaluated, and the result says how far it got.
+// Also under --deterministic, whose loss needs no tally all-reduce.
+TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
+  const auto data = synthetic_data(2048);
+  for (const bool deterministic : {false, true}) {
+    auto c = small_config(4, 16);
+    c.steps = 40;
+    c.log_every = 5;
+    c.deterministic = deterministic;
+    c.atom = 16;
+    std::vector<float> at_step_15;
+    TrainHooks whole;
+    whole.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p, std::span<const float>) {
+      if (rank == 0 && step == 14) at_step_15.assign(p.begin(), p.end());
+    };
+    train(c, data, whole);
+
+    c.evaluate = true;
+    std::atomic<int> polls{0};
+    std::atomic<int> ranks_polled_after_stop{0};
+    TrainHooks hooks;
+    // Progress points after steps 5, 10, 15, ...: 4 polls each. Only the
+    // third point's first poll says yes, as one replica's Ctrl-C would.
+    hooks.stop_requested = [&] {
+      const int k = polls.fetch_add(1);
+      if (k >= 12) ranks_polled_after_stop.fetch_add(1);
+      return k == 8;
+    };
+    const auto r = train(c, data, hooks);
+    EXPECT_TRUE(r.stopped_early);
+    EXPECT_EQ(r.steps, 15) << "deterministic " << deterministic;
+    EXPECT_EQ(r.steps_planned, 40);
+    EXPECT_EQ(ranks_polled_after_stop.load(), 0) << "a replica went on past the agreed step";
+    ASSERT_EQ(r.params.size(), at_step_15.size());
+    EXPECT_EQ(0, std::memcmp(r.params.data(), at_step_15.data(), at_step_15.size() * sizeof(float)))
+        << "deterministic " << deterministic;
+    EXPECT_TRUE(r.test_accuracy.has_value());
+    EXPECT_EQ(r.samples_seen, 15 * 64);
+    EXPECT_GE(r.divergence_checks, 1);
   }
 }
 

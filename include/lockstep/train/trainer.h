@@ -175,7 +175,10 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
 };
 
 struct TrainResult {
+  // steps: the steps run (the config's, unless stopped early).
   std::int64_t replicas = 0, micro_batch = 0, accumulate = 1, global_batch = 0, steps = 0;
+  std::int64_t steps_planned = 0;  // the config's steps (--steps, or --epochs' steps)
+  bool stopped_early = false;      // TrainHooks::stop_requested ended the run before its last step
   std::int64_t epochs_run = 0;  // epochs completed
   double epochs = 0;            // steps / steps per epoch: fractional when the run ends mid-epoch
   std::int64_t samples_seen = 0;
@@ -230,6 +233,13 @@ struct TrainHooks {
   // Called on every replica's thread with its own copy of the config before
   // the start-up handshake (tests: make one replica differ).
   std::function<void(int rank, TrainConfig& config)> on_replica_config;
+  // Polled on every replica's thread at each progress point (every log_every
+  // steps and each epoch end); must be thread-safe (an atomic flag, set from
+  // a signal handler). If it returns true on any replica, every replica stops
+  // after that step, as if it were the run's last: the weights are compared
+  // and the test set evaluated, and TrainResult::stopped_early is set. The
+  // vote rides on the progress tallies' all-reduce, so asking costs nothing.
+  std::function<bool()> stop_requested;
   // Warnings (a skipped step, a repair, an injected fault), one sentence
   // each. Called from any replica's thread; must be thread-safe.
   std::function<void(const std::string& message)> on_warning;
