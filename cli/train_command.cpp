@@ -54,6 +54,7 @@ struct TrainFlags {
   bool quiet = false;
   std::string init_file, save_file, report_file;
   CLI::Option* lr_option = nullptr;
+  CLI::Option* weight_decay_option = nullptr;
   CLI::Option* hidden_option = nullptr;
   CLI::Option* momentum_option = nullptr;
   CLI::Option* steps_option = nullptr;
@@ -206,6 +207,10 @@ void check_flag_combinations(const TrainFlags& f) {
   if (c.zero == 1 && !f.profile_file.empty())
     throw InvalidArgument("--profile records the replicated step for lockstep plan, whose --zero 1 shards it itself; "
                           "run --profile without --zero 1.");
+  if (given("--seed") && !f.init_file.empty() && !c.shuffle && c.model == "mlp") {
+    throw InvalidArgument("--seed draws the initial weights, the data order and dropout, and with --init, "
+                          "--shuffle off and --model mlp (no dropout) it draws none of them; leave it out.");
+  }
   if (c.model == "mlp" && given("--bn-stats"))
     throw InvalidArgument("--bn-stats chooses how batch-norm statistics are kept, and --model mlp has none; leave "
                           "it out.");
@@ -345,6 +350,7 @@ int run_train(TrainFlags& f) {
   }
   c.record_timeline = !f.trace_file.empty() || !f.svg_file.empty() || !f.profile_file.empty();
   if (f.lr_option->count() == 0 && c.optimizer == "adamw") c.lr = 1e-3f;
+  if (f.weight_decay_option->count() == 0 && c.optimizer == "adamw") c.weight_decay = 0.01f;  // torch.optim.AdamW's
   c.on_divergence = train::on_divergence_from_string(f.on_divergence);
   for (const auto& spec : f.inject) c.inject.push_back(train::fault_from_string(spec));
   c.timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.timeout_s * 1000)));
@@ -610,8 +616,10 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")
       ->check(CLI::IsMember({"cosine", "constant"}));
   flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
-  cmd->add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for sgd, decoupled for adamw)")
-      ->check(number_in(0.0, 1e6));
+  flags->weight_decay_option =
+      cmd->add_option("--weight-decay", c.weight_decay,
+                      "Weight decay: L2 for sgd, decoupled for adamw (default 0 for sgd, 0.01 for adamw, as in PyTorch)")
+          ->check(number_in(0.0, 1e6));
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
   cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order")
       ->transform(unsigned_number_upto(std::numeric_limits<std::uint64_t>::max()));

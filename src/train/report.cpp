@@ -155,8 +155,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   } else {
     std::snprintf(sizes, sizeof sizes, "first %.3g MiB, then %.3g MiB", c.first_bucket_mb, c.bucket_mb);
   }
-  const char* when = r.overlapped                 ? "during backward"
-                     : c.bucket_mb == 0           ? "after backward"
+  // One bucket is ready only when backward has ended, even on a thread of its own.
+  const char* when = r.overlapped && r.buckets.size() > 1 ? "during backward"
+                     : r.overlapped                       ? "on the communication thread, after backward"
+                     : c.bucket_mb == 0                   ? "after backward"
                      : c.overlap == Overlap::Off  ? "after backward (--overlap off)"
                                                   : "after backward (--overlap auto is off for in-process "
                                                     "replicas, whose all-reduce runs on the cores that compute; "

@@ -84,6 +84,23 @@ TEST(Cli, HelpShowsDefaults) {
     EXPECT_NE(r.output.find(s), std::string::npos) << s;
 }
 
+// --optimizer adamw takes torch.optim.AdamW's defaults (lr 0.001, weight
+// decay 0.01) unless given; sgd keeps torch.optim.SGD's (weight decay 0).
+TEST(Cli, OptimizerDefaultsArePyTorchs) {
+  const fs::path dir = make_data_dir("cli_optimizer_defaults");
+  const auto config = [&](const std::string& flags) {
+    const fs::path report = dir / "r.json";
+    const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --report " +
+                         report.string() + " " + flags);
+    EXPECT_EQ(r.code, 0) << flags << ":\n" << r.output;
+    return nlohmann::json::parse(std::ifstream(report))["config"];
+  };
+  EXPECT_FLOAT_EQ(config("--optimizer adamw")["weight_decay"].get<float>(), 0.01f);
+  EXPECT_FLOAT_EQ(config("--optimizer adamw")["lr"].get<float>(), 0.001f);
+  EXPECT_FLOAT_EQ(config("--optimizer adamw --weight-decay 0")["weight_decay"].get<float>(), 0.0f);
+  EXPECT_FLOAT_EQ(config("--optimizer sgd")["weight_decay"].get<float>(), 0.0f);
+}
+
 TEST(Cli, UnknownFlagIsAUsageError) {
   const CliRun r = run("train --no-such-flag");
   EXPECT_EQ(r.code, 2);
@@ -297,6 +314,17 @@ TEST(Cli, AFifoGivenAsAFileIsRefusedNotWaitedOn) {
   EXPECT_NE(plan.output.find(fifo.string() + " is not a regular file"), std::string::npos) << plan.output;
 }
 
+// One bucket is ready only when backward ends: on a communication thread of
+// its own (--overlap on) it still runs after backward, and the summary says so.
+TEST(Cli, OneBucketOnTheCommunicationThreadIsNotCalledOverlapped) {
+  const fs::path dir = make_data_dir("cli_one_bucket");
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 2 --overlap on "
+                       "--bucket-mb 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("all-reduced on the communication thread, after backward"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("during backward"), std::string::npos) << r.output;
+}
+
 // A flag the chosen model or optimizer would ignore is an error, not a no-op;
 // --timeline-step past the end is found before training, with --epochs too.
 // Each flag the chosen mode would ignore is refused, naming it, before any
@@ -313,6 +341,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"--bucket-mb 0 --first-bucket-mb 5", "so --first-bucket-mb has no effect"},
       {"--check-every 0 --on-divergence repair", "--check-every 0 turns the check off"},
       {"--bn-stats sync", "--model mlp has none"},
+      {"--init /nonexistent.st --shuffle off --seed 3", "with --init, --shuffle off and --model mlp (no dropout)"},
       {"--rank 1", "--rank is for a group of processes"},
       {"--secret-file /nonexistent", "--secret-file is for a group of processes"},
       {"--backend mpi --rendezvous file:/nonexistent", "--rendezvous is for --backend gloo"},

@@ -605,8 +605,10 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
     EXPECT_NE(run.out().find("stopped      early, after step"), std::string::npos) << run.out();
   }
   const auto dir = run_dir("interrupt-twice");
-  auto args = train_args(data, {"--steps", "1000000", "--log-every", "1000000", "--report",
-                                (dir / "r.json").string()});
+  // A slow modelled link (~0.35 s a step) keeps the next progress point (an
+  // epoch's end, every 3 steps here) far off when the second one comes.
+  auto args = train_args(data, {"--steps", "1000000", "--log-every", "1000000", "--link-bandwidth", "1Mbit",
+                                "--report", (dir / "r.json").string()});
   args.erase(std::find(args.begin(), args.end(), "--quiet"));
   CliRun run(dir, args);
   ASSERT_TRUE(run.wait_for_err("lockstep train:")) << run.err();  // printed just before training starts

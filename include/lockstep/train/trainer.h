@@ -93,7 +93,7 @@ struct TrainConfig {
   float lr = 0.1f;
   optim::Schedule schedule = optim::Schedule::Cosine;
   float momentum = 0.9f;
-  float weight_decay = 0.0f;
+  float weight_decay = 0.0f;  // lockstep train: 0.01 with --optimizer adamw unless given (and lr 0.001)
   bool nesterov = false;
   std::uint64_t seed = 0;
   bool shuffle = true;
