@@ -13,6 +13,7 @@
 #include <map>
 #include <tuple>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "checks.h"
@@ -23,6 +24,7 @@
 #include "lockstep/cost/profile.h"
 #include "lockstep/error.h"
 #include "lockstep/nn/weights_file.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/report.h"
 #include "output_files.h"
 #include "stop_on_signal.h"
@@ -53,6 +55,8 @@ struct TrainFlags {
   bool normalize = false;
   bool quiet = false;
   std::string init_file, save_file, report_file;
+  std::string checkpoint_file, resume_file;
+  std::optional<train::LoadedCheckpoint> resume;  // read from resume_file before any rendezvous
   CLI::Option* lr_option = nullptr;
   CLI::Option* weight_decay_option = nullptr;
   CLI::Option* hidden_option = nullptr;
@@ -140,7 +144,8 @@ std::vector<NamedFile> output_files(const TrainFlags& f) {
           {"--report", f.report_file},
           {"--trace", f.trace_file},
           {"--timeline-svg", f.svg_file},
-          {"--profile", f.profile_file}};
+          {"--profile", f.profile_file},
+          {"--checkpoint", f.checkpoint_file}};
 }
 
 // Fails before training, not after it, if an output cannot be written or
@@ -154,6 +159,7 @@ void check_outputs(const TrainFlags& f) {
   const std::string secret = comm::with_environment(group).secret_file;
   std::vector<NamedFile> inputs = {
       {"--init", f.init_file, "--save"},
+      {"--resume", f.resume_file, "--checkpoint"},  // a run goes on writing the checkpoint it went on from
       {f.group.secret_file.empty() ? "$LOCKSTEP_SECRET_FILE" : "--secret-file", secret}};
   for (const auto& file : data::image_classification_files(f.data_dir))
     inputs.push_back({"a file of --data", file.string()});
@@ -178,7 +184,8 @@ void check_flag_combinations(const TrainFlags& f) {
     throw InvalidArgument("--steps and --epochs both set the length of the run; give one of them.");
   // Flags that would be ignored: refused, so that nobody believes they took effect.
   const auto given = [&](const char* flag) { return f.cmd->get_option(flag)->count() > 0; };
-  for (const char* flag : {"--save", "--report", "--trace", "--timeline-svg", "--profile", "--init"}) {
+  for (const char* flag :
+       {"--save", "--report", "--trace", "--timeline-svg", "--profile", "--init", "--checkpoint", "--resume"}) {
     if (given(flag) && f.cmd->get_option(flag)->as<std::string>().empty())
       throw InvalidArgument(std::string(flag) + " needs a file name.");
   }
@@ -207,6 +214,12 @@ void check_flag_combinations(const TrainFlags& f) {
   if (c.zero == 1 && !f.profile_file.empty())
     throw InvalidArgument("--profile records the replicated step for lockstep plan, whose --zero 1 shards it itself; "
                           "run --profile without --zero 1.");
+  if (c.checkpoint_every > 0 && f.checkpoint_file.empty())
+    throw InvalidArgument("--checkpoint-every says how often to write --checkpoint FILE; give that too.");
+  if (!f.resume_file.empty() && !f.init_file.empty()) {
+    throw InvalidArgument("--resume and --init both set the starting weights (--resume takes the checkpoint's); "
+                          "give one of them.");
+  }
   if (given("--seed") && !f.init_file.empty() && !c.shuffle && c.model == "mlp") {
     throw InvalidArgument("--seed draws the initial weights, the data order and dropout, and with --init, "
                           "--shuffle off and --model mlp (no dropout) it draws none of them; leave it out.");
@@ -226,6 +239,10 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
   if (f.svg_step >= steps) {
     throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is past the run's last step (" +
                           std::to_string(steps - 1) + ").");
+  }
+  if (f.svg_step < f.config.start_step) {
+    throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is before step " +
+                          std::to_string(f.config.start_step) + ", where this run goes on from its checkpoint.");
   }
 }
 
@@ -370,6 +387,12 @@ int run_train(TrainFlags& f) {
     auto model = train::make_model(c, data.train.features, data.train.num_classes);
     nn::LoadedState state = [&] {
       try {
+        if (train::is_checkpoint(f.init_file)) {  // its weights and buffers; the optimizer state is --resume's
+          auto cp = train::load_checkpoint(f.init_file, c, data);
+          nn::LoadedState s{.params = std::move(cp.params)};
+          if (!cp.buffers.empty()) s.buffers = std::move(cp.buffers);
+          return s;
+        }
         return nn::load_state(f.init_file, model->layout(), model->buffer_layout());
       } catch (const IoError& e) {  // the message names the file; say which flag gave it
         throw IoError(std::string("--init: ") + e.what());
@@ -397,6 +420,13 @@ int run_train(TrainFlags& f) {
     c.initial_params = std::move(state.params);
     c.initial_buffers = std::move(state.buffers);
   }
+  if (!f.resume_file.empty()) {  // compared with this run once the group's size is known (train_and_report)
+    try {
+      f.resume = train::load_checkpoint(f.resume_file, c, data);
+    } catch (const IoError& e) {  // the message names the file; say which flag gave it
+      throw IoError(std::string("--resume: ") + e.what());
+    }
+  }
   if (!in_group) return train_and_report(f, data, nullptr);
   return train_as_rank(f, data);
 }
@@ -409,7 +439,8 @@ void warn_outputs_rank0_lacks(const TrainFlags& f, comm::Communicator& group) {
                                                                 {"--report", &f.report_file},
                                                                 {"--trace", &f.trace_file},
                                                                 {"--timeline-svg", &f.svg_file},
-                                                                {"--profile", &f.profile_file}};
+                                                                {"--profile", &f.profile_file},
+                                                                {"--checkpoint", &f.checkpoint_file}};
   std::uint8_t mine = 0;
   for (std::size_t i = 0; i < std::size(outputs); ++i)
     if (!outputs[i].second->empty()) mine |= std::uint8_t(1u << i);
@@ -464,6 +495,10 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     throw InvalidArgument("--profile times every step but the first (which warms up), and this run has " +
                           std::to_string(steps) + "; give --steps 2 or more.");
   }
+  if (f.resume) {
+    train::resume_from(c, data, std::move(*f.resume));
+    f.resume.reset();
+  }
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
   if (!f.quiet && rank0) {
@@ -491,9 +526,16 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
          "replicas end with different weights (what the detector is there to catch).");
   }
   const StopOnSignal interrupt(/*announce=*/rank0 && !f.quiet);
-  const train::TrainHooks hooks{.on_progress = std::ref(printer),
-                                .stop_requested = [&interrupt] { return interrupt.requested(); },
-                                .on_warning = warn};
+  train::TrainHooks hooks{.on_progress = std::ref(printer),
+                          .stop_requested = [&interrupt] { return interrupt.requested(); },
+                          .on_warning = warn};
+  if (!f.checkpoint_file.empty()) {
+    const auto fields = train::trajectory_fields(c, data);
+    const std::string model = train::make_model(c, data.train.features, data.train.num_classes)->describe();
+    hooks.on_checkpoint = [&f, fields, model](const train::Checkpoint& cp) {
+      train::save_checkpoint(f.checkpoint_file, cp, fields, model);
+    };
+  }
   auto result =
       group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
   // Stopped by a signal: the outputs are written, and the exit status says
@@ -680,8 +722,16 @@ Action add_train_command(CLI::App& app) {
                   "Directory of an IDX data set (train-images-idx3-ubyte[.gz], ...)");
   cmd->add_flag("--normalize", flags->normalize, "Standardise inputs with the training set's mean and std");
   cmd->add_option("--init", flags->init_file,
-                  "Start from these weights (safetensors) instead of a fresh init");
+                  "Start from these weights (safetensors, or a --checkpoint's) instead of a fresh init");
   cmd->add_option("--save", flags->save_file, "Write the final weights and batch-norm statistics here (safetensors, PyTorch state_dict names)");
+  cmd->add_option("--checkpoint", flags->checkpoint_file,
+                  "Write a checkpoint here (weights, optimizer state, progress) at each epoch's end, every "
+                  "--checkpoint-every steps, at the end and when interrupted, for --resume");
+  cmd->add_option("--checkpoint-every", c.checkpoint_every, "Steps between checkpoints (0: at epoch ends only)")
+      ->transform(whole_number_in(0, std::int64_t{1} << 40));
+  cmd->add_option("--resume", flags->resume_file,
+                  "Go on from this checkpoint, to end as the unbroken run would; the flags that shape the weights "
+                  "must be the checkpoint run's");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));

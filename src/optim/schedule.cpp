@@ -15,6 +15,16 @@ void Optimizer::check_step(std::size_t params, std::size_t grads, float lr) cons
   if (!std::isfinite(lr)) throw InvalidArgument("optimizer step with a learning rate of " + std::to_string(lr));
 }
 
+void Optimizer::restore(std::span<const float> state, std::int64_t steps_taken) {
+  if (state.size() != state_.span().size() || steps_taken < 0) {
+    throw InvalidArgument("optimizer state to restore holds " + std::to_string(state.size()) + " values and " +
+                          std::to_string(steps_taken) + " steps, but this optimizer's state has " +
+                          std::to_string(state_.span().size()) + " values");
+  }
+  if (state.data() != state_.span().data()) std::copy(state.begin(), state.end(), state_.span().begin());
+  steps_ = steps_taken;
+}
+
 void Optimizer::step_ranges_and_zero_grads(std::span<float> params, std::span<float> grads,
                                            std::span<const ParamRange> ranges, float lr) {
   if (params.size() != grads.size()) {

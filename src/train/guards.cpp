@@ -114,6 +114,8 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"--on-divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},
       {"--max-skips", std::to_string(c.max_skips)},
       {"--inject", faults},
+      {"--resume (the step it goes on from, the optimizer's updates)",
+       std::to_string(c.start_step) + ", " + std::to_string(c.initial_optimizer_steps)},
   };
 }
 

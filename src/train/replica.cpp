@@ -131,6 +131,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // Buffers too (batch norm's running statistics start at 0 and 1 on rank 0
   // only): every replica starts from the same state.
   if (!model->buffers().empty()) comm::broadcast(comm, model->buffers(), 0);
+  // Going on from a checkpoint: its optimizer state, rank 0's like the
+  // weights (replicated: plan() refuses the sharded state), and the count of
+  // updates, which every rank's config holds.
+  if (c.initial_optimizer_state) {
+    if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
+    comm::broadcast(comm, optimizer->state(), 0);
+    if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
+  }
   out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup;
   before_setup = comm.stats().bytes_sent;
   verify_broadcast_weights(comm, *model);
@@ -188,7 +196,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   double eval_seconds = 0;
   std::int64_t samples = 0;  // global samples processed by the group since `start`
 
-  for (std::int64_t step = 0; step < s.total_steps; ++step) {
+  out.epochs_run = c.start_step / s.sampler.steps_per_epoch();
+  for (std::int64_t step = c.start_step; step < s.total_steps; ++step) {
     if (step == s.warmup_steps && step > 0) {  // restart the clock after warm-up
       start = Clock::now();
       samples = 0;
@@ -199,7 +208,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const std::int64_t epoch = step / s.sampler.steps_per_epoch();
     const std::int64_t in_epoch = step % s.sampler.steps_per_epoch();
     const std::int64_t n = comm.size();
-    if (in_epoch == 0) order = s.sampler.epoch_order(epoch);
+    if (in_epoch == 0 || step == c.start_step) order = s.sampler.epoch_order(epoch);
     const ddp::Shard shard = s.sampler.shard(in_epoch, guards.shard_rank());
     guards.plan_step(order, s.sampler.shard(in_epoch, 0).begin, s.sampler.shard(in_epoch, int(n) - 1).end);
     const std::int64_t b = shard.size();
@@ -454,8 +463,20 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       // compared, and the samples since the last check accounted for.
       if (!checked) guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
       out.stopped_early = true;
-      break;
     }
+    const bool checkpoint_due = (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || epoch_end || stop;
+    if (rank == 0 && s.hooks.on_checkpoint && checkpoint_due) {
+      s.hooks.on_checkpoint({.steps_done = step + 1,
+                             .steps_planned = s.total_steps,
+                             .optimizer_steps = optimizer->steps_taken(),
+                             .layout = &model->layout(),
+                             .buffer_layout = &model->buffer_layout(),
+                             .slot_names = optimizer->slot_names(),
+                             .params = params,
+                             .buffers = buffers,
+                             .optimizer_state = optimizer->state()});
+    }
+    if (stop) break;
   }
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();

@@ -247,6 +247,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     s += line;
   }
   s += "\n";
+  if (r.resumed_from_step > 0) {
+    s += "  resumed      from a checkpoint after step " + std::to_string(r.resumed_from_step) +
+         " (steps and epochs count from the start; samples/s and the timings are this run's)\n";
+  }
   if (r.stopped_early) {
     s += "  stopped      early, after step " + std::to_string(r.steps) + " of " + std::to_string(r.steps_planned) +
          " when asked to (SIGINT or SIGTERM to lockstep train, or a program's TrainHooks::stop_requested); " +
@@ -264,6 +268,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["steps"] = r.steps;
   j["steps_planned"] = r.steps_planned;
   j["stopped_early"] = r.stopped_early;
+  j["resumed_from_step"] = r.resumed_from_step;
   j["epochs"] = r.epochs_run;
   j["final_loss"] = r.final_loss;
   j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <set>
 #include <thread>
 #include <type_traits>
 
@@ -306,8 +307,44 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
                             std::to_string(c.replicas) + " replicas; use fewer replicas or a larger model.");
     }
   }
+  if (c.start_step < 0 || (c.start_step > 0 && c.start_step >= total_steps)) {
+    throw InvalidArgument("start_step (--resume) is " + std::to_string(c.start_step) + " of a run of " +
+                          std::to_string(total_steps) + " steps: " +
+                          (c.start_step > 0 ? "the checkpoint is of a run that had ended." : "it cannot be negative."));
+  }
+  if (c.start_step > 0 && (!c.initial_params || !c.initial_optimizer_state)) {
+    throw InvalidArgument("start_step (--resume) needs the checkpoint's weights and optimizer state "
+                          "(initial_params, initial_optimizer_state).");
+  }
+  if (c.initial_optimizer_state) {
+    const auto optimizer = make_optimizer(c, probe->layout().numel());
+    if (c.initial_optimizer_state->size() != optimizer->state().size() || c.initial_optimizer_steps < 0) {
+      throw InvalidArgument("initial optimizer state holds " + std::to_string(c.initial_optimizer_state->size()) +
+                            " values but " + optimizer->describe() + " has " +
+                            std::to_string(optimizer->state().size()));
+    }
+  }
+  if (c.checkpoint_every < 0) throw InvalidArgument("checkpoint_every (--checkpoint-every) cannot be negative");
   const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
   return {std::move(sampler), total_steps, warmup, std::move(probe)};
+}
+
+// A checkpoint is rank 0's state, so that state must be every replica's.
+void check_checkpointing(const TrainConfig& c, const TrainHooks& hooks, const nn::Model& probe) {
+  if (!hooks.on_checkpoint && !c.initial_optimizer_state) return;
+  const char* what = hooks.on_checkpoint ? "--checkpoint" : "--resume";
+  if (c.zero == 1 && c.replicas > 1) {
+    throw InvalidArgument(std::string(what) + " with --zero 1: each replica holds only its shard of the optimizer "
+                          "state, and checkpoints hold the replicated state only; leave out --zero 1.");
+  }
+  if (c.compression == ddp::Compression::Bf16) {
+    throw InvalidArgument(std::string(what) + " with --compress bf16: each replica carries its own rounding error "
+                          "to the next step, which checkpoints do not hold; leave out --compress bf16.");
+  }
+  if (!probe.buffer_layout().tensors().empty() && c.bn_stats == BnStats::Local && !c.deterministic) {
+    throw InvalidArgument(std::string(what) + " with --bn-stats local: each replica keeps its own batch-norm "
+                          "statistics, and checkpoints hold one set; give --bn-stats sync.");
+  }
 }
 
 // OpenBLAS's thread count is process-wide: set it for one run, restore it after.
@@ -346,6 +383,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.steps = o.steps_run;  // p.total_steps, unless stopped early
   res.steps_planned = p.total_steps;
   res.stopped_early = o.stopped_early;
+  res.resumed_from_step = c.start_step;
   res.epochs_run = o.epochs_run;
   res.epochs = double(res.steps) / double(sampler.steps_per_epoch());
   res.final_loss = o.final_loss;
@@ -367,9 +405,10 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
     }
   }
   std::int64_t timed_samples = 0;
-  // The clock restarts when step `warmup` begins (run_replica); a run stopped
-  // before that was timed from its first step.
-  for (std::int64_t step = res.steps > p.warmup ? p.warmup : 0; step < res.steps; ++step)
+  // The clock restarts when step `warmup` begins (run_replica), if the run
+  // reaches it after its first step; otherwise it was timed from its first.
+  const std::int64_t first_timed = p.warmup > c.start_step && res.steps > p.warmup ? p.warmup : c.start_step;
+  for (std::int64_t step = first_timed; step < res.steps; ++step)
     timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
   res.samples_per_s = double(timed_samples) / o.train_seconds;
   res.flops_per_sample = p.probe->train_flops_per_sample();
@@ -439,8 +478,27 @@ std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificat
   return plan(config, data).total_steps;
 }
 
+std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainConfig& config,
+                                                                   const data::ImageClassificationData& data) {
+  const Plan p = plan(config, data);
+  // The handshake's fields, less those that change no weight: how often the
+  // run reports, checks and evaluates, the faults it injects, and the build
+  // (a resumed run may be a rebuilt binary's).
+  static const std::set<std::string> kNoWeight = {"build version", "--log-every",  "test evaluation", "--check-every",
+                                                  "--on-divergence", "--max-skips", "--inject",
+                                                  "--resume (the step it goes on from, the optimizer's updates)"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : detail::handshake_fields(config, data, p.total_steps, *p.probe,
+                                                detail::planned_buckets(config, p.probe->layout()),
+                                                detail::inputs_digest(data))) {
+    if (!kNoWeight.contains(f.name)) out.emplace_back(f.name, f.value);
+  }
+  return out;
+}
+
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
+  check_checkpointing(c, hooks, *p.probe);
   const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
 
   auto comms =
@@ -494,6 +552,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
         "a process group has real links");
   }
   Plan p = plan(c, data);
+  check_checkpointing(c, hooks, *p.probe);
   const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 

@@ -299,7 +299,7 @@ TEST(Cli, OutputThatCannotBeWrittenIsAnError) {
   EXPECT_EQ(run_command("sh -c '" + std::string(LOCKSTEP_CLI) + " plan >/dev/null'").code, 0);
 }
 
-// A FIFO given as --init or as plan's --profile is refused at once: opening
+// A FIFO given as --init, --resume or plan's --profile is refused at once: opening
 // one without a writer blocked for good (as --data's files are refused).
 TEST(Cli, AFifoGivenAsAFileIsRefusedNotWaitedOn) {
   const fs::path dir = make_data_dir("cli_fifo");
@@ -309,6 +309,11 @@ TEST(Cli, AFifoGivenAsAFileIsRefusedNotWaitedOn) {
                                   fifo.string());
   EXPECT_EQ(init.code, 1) << init.output;
   EXPECT_NE(init.output.find("--init: " + fifo.string() + ": not a regular file"), std::string::npos) << init.output;
+  const CliRun resume = run_bounded("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 " +
+                                    "--resume " + fifo.string());
+  EXPECT_EQ(resume.code, 1) << resume.output;
+  EXPECT_NE(resume.output.find("--resume: " + fifo.string() + ": not a regular file"), std::string::npos)
+      << resume.output;
   const CliRun plan = run_bounded("plan --profile " + fifo.string());
   EXPECT_EQ(plan.code, 1) << plan.output;
   EXPECT_NE(plan.output.find(fifo.string() + " is not a regular file"), std::string::npos) << plan.output;
@@ -342,6 +347,10 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"--check-every 0 --on-divergence repair", "--check-every 0 turns the check off"},
       {"--bn-stats sync", "--model mlp has none"},
       {"--init /nonexistent.st --shuffle off --seed 3", "with --init, --shuffle off and --model mlp (no dropout)"},
+      {"--checkpoint-every 5", "--checkpoint-every says how often to write --checkpoint FILE"},
+      {"--init /nonexistent.st --resume /nonexistent.st", "--resume and --init both set the starting weights"},
+      {"--checkpoint c.st --zero 1", "--checkpoint with --zero 1: each replica holds only its shard"},
+      {"--checkpoint c.st --compress bf16", "--checkpoint with --compress bf16"},
       {"--rank 1", "--rank is for a group of processes"},
       {"--secret-file /nonexistent", "--secret-file is for a group of processes"},
       {"--backend mpi --rendezvous file:/nonexistent", "--rendezvous is for --backend gloo"},

@@ -620,6 +620,69 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
   EXPECT_FALSE(fs::exists(dir / "r.json")) << "the second interrupt ends the run at once";
 }
 
+// Ctrl-C, then --resume: a run interrupted and resumed from its checkpoint
+// saves the same bytes as the unbroken run. Interrupted in one process (over
+// a slow modelled link, so that it is still running: the link changes when
+// bytes arrive, not the ring's sums) and under launch over Gloo (the ring
+// over processes adds as the ring over threads), resumed in one process.
+// A checkpoint also serves --init (its weights), and --resume refuses other
+// flags, a finished run's checkpoint and a plain weights file.
+TEST_F(LaunchTrain, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUnbrokenRun) {
+  const auto data = make_data_dir("resume");
+  const auto common = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> a = {"--steps", "3000", "--replicas", "2", "--algorithm", "ring", "--log-every", "5"};
+    a.insert(a.end(), more.begin(), more.end());
+    return train_args(data, a);
+  };
+  const auto whole_dir = run_dir("resume-whole");
+  CliRun whole(whole_dir, common({"--save", (whole_dir / "w.st").string()}));
+  ASSERT_EQ(whole.wait(), 0) << whole.err();
+  const std::string want = read_file(whole_dir / "w.st");
+  ASSERT_FALSE(want.empty());
+
+  std::string finished;  // a checkpoint of the finished run
+  for (const bool launched : {false, true}) {
+    SCOPED_TRACE(launched ? "interrupted under launch --nproc 2" : "interrupted in one process");
+    const auto dir = run_dir(launched ? "resume-launch" : "resume-one");
+    const std::string checkpoint = (dir / "c.st").string();
+    auto args = common({"--checkpoint", checkpoint});
+    if (!launched) args.insert(args.end(), {"--link-bandwidth", "10Mbit"});
+    args.erase(std::find(args.begin(), args.end(), "--quiet"));  // for the progress lines
+    CliRun first(dir, launched ? launch_args(2, args) : args);
+    ASSERT_TRUE(first.wait_for_err("step 5/3000")) << first.err();
+    kill(first.pid(), SIGINT);
+    ASSERT_EQ(first.wait(), 130) << first.err();
+    ASSERT_TRUE(fs::exists(checkpoint));
+    finished = checkpoint;
+
+    const auto again_dir = run_dir(launched ? "resume-launch-again" : "resume-one-again");
+    CliRun again(again_dir, common({"--resume", checkpoint, "--checkpoint", checkpoint, "--save",
+                                               (again_dir / "w.st").string()}));
+    ASSERT_EQ(again.wait(), 0) << again.err();
+    EXPECT_EQ(read_file(again_dir / "w.st"), want) << "the resumed run's weights differ from the unbroken run's";
+    EXPECT_NE(again.out().find("resumed      from a checkpoint after step"), std::string::npos) << again.out();
+
+    // The checkpoint now holds the finished run: --resume refuses it, --init takes its weights.
+    CliRun ended(run_dir("resume-ended"), common({"--resume", checkpoint}));
+    EXPECT_EQ(ended.wait(), 2) << ended.err();
+    EXPECT_NE(ended.err().find("the checkpoint is of a run that had ended (step 3000 of 3000)"), std::string::npos)
+        << ended.err();
+  }
+  const auto dir = run_dir("resume-refusals");
+  const std::string& checkpoint = finished;
+  CliRun init(dir, train_args(data, {"--steps", "3", "--replicas", "2", "--init", checkpoint}));
+  EXPECT_EQ(init.wait(), 0) << init.err();
+  CliRun lr(run_dir("resume-lr"), train_args(data, {"--steps", "3000", "--replicas", "2", "--algorithm", "ring",
+                                                     "--lr", "0.05", "--resume", checkpoint}));
+  EXPECT_EQ(lr.wait(), 2) << lr.err();
+  EXPECT_NE(lr.err().find("--resume: --lr differs from the run that wrote the checkpoint ('0.1' there, '0.05' here)"),
+            std::string::npos)
+      << lr.err();
+  CliRun weights(run_dir("resume-weights"), common({"--resume", (whole_dir / "w.st").string()}));
+  EXPECT_EQ(weights.wait(), 1) << weights.err();
+  EXPECT_NE(weights.err().find("is not a lockstep checkpoint"), std::string::npos) << weights.err();
+}
+
 // Only commands that join the group are one job; anything else would run N
 // independent copies. Refused before any process starts.
 TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -167,6 +168,95 @@ TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
     EXPECT_EQ(r.samples_seen, 15 * 64);
     EXPECT_GE(r.divergence_checks, 1);
   }
+}
+
+// A run that goes on from a checkpoint (TrainHooks::on_checkpoint, then
+// TrainConfig::start_step and initial_*) ends with the weights and optimizer
+// state of the unbroken run, bit for bit: mid-epoch, with shuffling, for SGD
+// with momentum and for AdamW (whose bias correction counts the updates),
+// and under --deterministic.
+TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
+  const auto data = synthetic_data(2048);
+  struct Case {
+    const char* optimizer;
+    bool deterministic;
+  };
+  for (const Case k : {Case{"sgd", false}, Case{"adamw", false}, Case{"sgd", true}}) {
+    SCOPED_TRACE(std::string(k.optimizer) + (k.deterministic ? ", deterministic" : ""));
+    auto c = small_config(4, 16);
+    c.steps = 40;
+    c.optimizer = k.optimizer;
+    c.deterministic = k.deterministic;
+    c.atom = 16;
+    c.checkpoint_every = 7;
+    std::vector<float> final_state;
+    struct Saved {
+      std::int64_t steps_done = 0, optimizer_steps = 0;
+      std::vector<float> params, buffers, state;
+    };
+    std::vector<Saved> checkpoints;
+    TrainHooks hooks;
+    hooks.on_checkpoint = [&](const Checkpoint& cp) {
+      EXPECT_EQ(cp.steps_planned, 40);
+      checkpoints.push_back({cp.steps_done, cp.optimizer_steps, {cp.params.begin(), cp.params.end()},
+                             {cp.buffers.begin(), cp.buffers.end()},
+                             {cp.optimizer_state.begin(), cp.optimizer_state.end()}});
+    };
+    hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float>, std::span<const float> s) {
+      if (rank == 0 && step == 39) final_state.assign(s.begin(), s.end());
+    };
+    const auto whole = train(c, data, hooks);
+    std::vector<std::int64_t> at;
+    for (const auto& cp : checkpoints) at.push_back(cp.steps_done);
+    const auto per_epoch = data.train.size / 64;  // 4 x 16 a step
+    EXPECT_EQ(at.front(), 7);
+    EXPECT_TRUE(std::find(at.begin(), at.end(), per_epoch) != at.end()) << "an epoch's end";
+    EXPECT_EQ(at.back(), 40) << "the last step";
+
+    const Saved& mid = checkpoints[2];  // after step 21: mid-epoch
+    ASSERT_EQ(mid.steps_done, 21);
+    auto resumed = c;
+    resumed.start_step = mid.steps_done;
+    resumed.initial_params = mid.params;
+    resumed.initial_buffers = mid.buffers;
+    resumed.initial_optimizer_state = mid.state;
+    resumed.initial_optimizer_steps = mid.optimizer_steps;
+    std::vector<float> resumed_state;
+    TrainHooks after;
+    after.on_replica_step = [&](int rank, std::int64_t step, std::span<const float>, std::span<const float> s) {
+      EXPECT_GE(step, 21);
+      if (rank == 0 && step == 39) resumed_state.assign(s.begin(), s.end());
+    };
+    const auto r = train(resumed, data, after);
+    EXPECT_EQ(r.steps, 40);
+    EXPECT_EQ(r.resumed_from_step, 21);
+    ASSERT_EQ(r.params.size(), whole.params.size());
+    EXPECT_EQ(0, std::memcmp(r.params.data(), whole.params.data(), whole.params.size() * sizeof(float)));
+    ASSERT_EQ(resumed_state.size(), final_state.size());
+    EXPECT_EQ(0, std::memcmp(resumed_state.data(), final_state.data(), final_state.size() * sizeof(float)));
+  }
+}
+
+// What a checkpoint cannot hold is refused when asked for, and a start past
+// the run's end or without the state is refused too.
+TEST(Resume, StateACheckpointCannotHoldIsRefused) {
+  const auto data = synthetic_data(512);
+  TrainHooks hooks;
+  hooks.on_checkpoint = [](const Checkpoint&) {};
+  auto zero = small_config(2, 16);
+  zero.zero = 1;
+  EXPECT_THROW(train(zero, data, hooks), InvalidArgument);
+  auto bf16 = small_config(2, 16);
+  bf16.compression = ddp::Compression::Bf16;
+  EXPECT_THROW(train(bf16, data, hooks), InvalidArgument);
+  auto past = small_config(2, 16);
+  past.start_step = 20;  // the run has 20 steps
+  past.initial_params = std::vector<float>(1);
+  past.initial_optimizer_state = std::vector<float>(1);
+  EXPECT_THROW(train(past, data), InvalidArgument);
+  auto bare = small_config(2, 16);
+  bare.start_step = 5;
+  EXPECT_THROW(train(bare, data), InvalidArgument);
 }
 
 // The card: communication depends on the parameter count, not on the batch.

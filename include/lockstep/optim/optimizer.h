@@ -30,6 +30,11 @@ class Optimizer {
   std::span<float> state() { return state_.span(); }
   std::span<const float> state() const { return state_.span(); }
   std::int64_t steps_taken() const { return steps_; }
+  // Replaces the state and the count of steps taken, to go on from a
+  // checkpoint (AdamW's bias correction counts the steps). InvalidArgument
+  // unless `state` is state().size() long and `steps_taken` >= 0. `state`
+  // may be state() itself (only the count changes).
+  void restore(std::span<const float> state, std::int64_t steps_taken);
   std::size_t numel() const { return numel_; }
 
   // params -= update(grads) with learning rate `lr`.

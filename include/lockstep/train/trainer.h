@@ -121,6 +121,18 @@ struct TrainConfig {
   std::int64_t log_every = 50;                       // progress every this many steps
   std::optional<std::vector<float>> initial_params;   // replaces init (e.g. --init FILE)
   std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
+  // Going on from a checkpoint (--resume; TrainHooks::on_checkpoint wrote
+  // it): the steps it had run (the loop starts at this step, with the data
+  // order, schedule and checks of an unbroken run), its optimizer state
+  // (replicated: every slot, laid out as the optimizer's) and the optimizer's
+  // count of steps taken (skipped steps are not). initial_params and
+  // initial_buffers hold its weights and buffers.
+  std::int64_t start_step = 0;
+  std::optional<std::vector<float>> initial_optimizer_state;
+  std::int64_t initial_optimizer_steps = 0;
+  // TrainHooks::on_checkpoint every this many steps (0: at epoch ends only),
+  // and always at each epoch's end and the run's last step.
+  std::int64_t checkpoint_every = 0;
   double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
   bool record_timeline = false;                      // keep every event (for --trace, --timeline-svg)
@@ -179,6 +191,7 @@ struct TrainResult {
   std::int64_t replicas = 0, micro_batch = 0, accumulate = 1, global_batch = 0, steps = 0;
   std::int64_t steps_planned = 0;  // the config's steps (--steps, or --epochs' steps)
   bool stopped_early = false;      // TrainHooks::stop_requested ended the run before its last step
+  std::int64_t resumed_from_step = 0;  // config.start_step: steps counts from 0 all the same
   std::int64_t epochs_run = 0;  // epochs completed
   double epochs = 0;            // steps / steps per epoch: fractional when the run ends mid-epoch
   std::int64_t samples_seen = 0;
@@ -223,6 +236,19 @@ struct TrainResult {
   std::vector<Skip> skipped;  // steps every replica skipped
 };
 
+// What a run needs to go on from where it is (TrainHooks::on_checkpoint):
+// rank 0's weights, buffers and optimizer state, all replicated, so they are
+// every replica's. TrainConfig::start_step and initial_* take them back.
+struct Checkpoint {
+  std::int64_t steps_done = 0;     // steps completed: the step a resumed run starts at
+  std::int64_t steps_planned = 0;  // the run's total (its schedule depends on it)
+  std::int64_t optimizer_steps = 0;  // updates the optimizer made (skipped steps make none)
+  const nn::Layout* layout = nullptr;
+  const nn::Layout* buffer_layout = nullptr;
+  std::vector<std::string> slot_names;  // the optimizer's state slots, each laid out as `layout`
+  std::span<const float> params, buffers, optimizer_state;
+};
+
 struct TrainHooks {
   // Called on rank 0's thread every log_every steps and at each epoch end.
   std::function<void(const Progress&)> on_progress;
@@ -240,6 +266,14 @@ struct TrainHooks {
   // and the test set evaluated, and TrainResult::stopped_early is set. The
   // vote rides on the progress tallies' all-reduce, so asking costs nothing.
   std::function<bool()> stop_requested;
+  // Called on rank 0's thread (rank 0's process) after the step's checks,
+  // every config.checkpoint_every steps, at each epoch's end, and after the
+  // run's last step (also when stopped early); the others wait in the next
+  // collective. The spans are valid during the call only. Needs state that
+  // every replica holds alike: not --zero 1 (each holds a shard), --compress
+  // bf16 (each its own rounding error) or a model with buffers under
+  // --bn-stats local (each its own statistics); train() refuses those.
+  std::function<void(const Checkpoint&)> on_checkpoint;
   // Warnings (a skipped step, a repair, an injected fault), one sentence
   // each. Called from any replica's thread; must be thread-safe.
   std::function<void(const std::string& message)> on_warning;
@@ -255,6 +289,13 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config, std:
 // epochs times the sampler's steps per epoch under the config's last-batch
 // policy. Throws InvalidArgument as train() does, for the same reasons.
 std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificationData& data);
+
+// The settings that shape a run's weights, named by their flags ("--lr",
+// "0.1"), the model, the data and the replica count included: a checkpoint
+// records them, and a run that goes on from it must have the same. Throws
+// InvalidArgument as train() does.
+std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainConfig& config,
+                                                                   const data::ImageClassificationData& data);
 
 // Runs training. Throws InvalidArgument for a config that cannot work, and
 // rethrows the first replica's error if one fails (the others are stopped).

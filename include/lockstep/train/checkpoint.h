@@ -1,0 +1,50 @@
+// Checkpoints: what a run needs to go on from where it stopped, in one
+// safetensors file (lockstep train --checkpoint FILE, --resume FILE).
+//
+// Tensors: the weights and buffers under their PyTorch names (as --save
+// writes them), then every optimizer slot of every parameter as
+// "optimizer.<slot>.<name>" (e.g. "optimizer.momentum_buffer.0.weight").
+// Metadata: "format" = "lockstep-checkpoint", "version" = "1", the steps done
+// and planned, the optimizer's updates, and "trajectory", a JSON object of
+// trajectory_fields(): the settings a resumed run must share.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/train/trainer.h"
+
+namespace lockstep::train {
+
+// Whether `path` is a safetensors file whose metadata says it is a
+// checkpoint (reads the header only; false for anything else, unreadable too,
+// and for anything but a regular file, which it does not open).
+bool is_checkpoint(const std::filesystem::path& path);
+
+// Writes `checkpoint` atomically (the file is replaced whole or not at all).
+// `fields`: trajectory_fields() of the run. Throws IoError naming the path.
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint,
+                     const std::vector<std::pair<std::string, std::string>>& fields, const std::string& model);
+
+struct LoadedCheckpoint {
+  std::int64_t steps_done = 0, steps_planned = 0, optimizer_steps = 0;
+  std::vector<float> params, buffers, optimizer_state;  // laid out as the model's and the optimizer's arenas
+  std::vector<std::pair<std::string, std::string>> fields;  // the writer's trajectory_fields()
+};
+
+// Reads a checkpoint of the model `config` describes. IoError names the file
+// and the defect: not a checkpoint (a weights file: use --init), a missing,
+// extra or mis-shaped tensor, malformed metadata.
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainConfig& config,
+                                 const data::ImageClassificationData& data);
+
+// Sets config to go on from `checkpoint` (start_step, initial_params,
+// initial_buffers, initial_optimizer_state, initial_optimizer_steps), after
+// checking that this run's trajectory_fields() are the writer's: otherwise
+// InvalidArgument names the first that differs, with both values.
+void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint checkpoint);
+
+}  // namespace lockstep::train

@@ -1,0 +1,199 @@
+#include "lockstep/train/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "lockstep/error.h"
+#include "lockstep/nn/safetensors.h"
+
+namespace lockstep::train {
+namespace {
+
+constexpr const char* kFormat = "lockstep-checkpoint";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::int64_t metadata_count(const std::filesystem::path& path, const std::map<std::string, std::string>& m,
+                            const std::string& key) {
+  const auto it = m.find(key);
+  std::int64_t v = -1;
+  if (it != m.end()) {
+    try {
+      std::size_t used = 0;
+      v = std::stoll(it->second, &used);
+      if (used != it->second.size()) v = -1;
+    } catch (const std::exception&) {
+      v = -1;
+    }
+  }
+  if (v < 0) throw IoError(path.string() + ": the checkpoint's metadata lacks a valid '" + key + "'.");
+  return v;
+}
+
+}  // namespace
+
+bool is_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;  // a FIFO would block the open: only regular files are read
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  unsigned char size_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(size_bytes), 8)) return false;
+  std::uint64_t size = 0;
+  for (int i = 7; i >= 0; --i) size = size << 8 | size_bytes[i];  // little-endian
+  if (size > nn::kMaxSafetensorsHeaderBytes) return false;
+  std::string header(size, '\0');
+  if (!in.read(header.data(), std::streamsize(size))) return false;
+  const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("__metadata__") || !j["__metadata__"].is_object()) return false;
+  const auto& m = j["__metadata__"];
+  return m.contains("format") && m["format"] == kFormat;
+}
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& cp,
+                     const std::vector<std::pair<std::string, std::string>>& fields, const std::string& model) {
+  LOCKSTEP_REQUIRE(cp.layout != nullptr && cp.buffer_layout != nullptr, "save_checkpoint: no layout");
+  const nn::Layout& layout = *cp.layout;
+  LOCKSTEP_REQUIRE(cp.optimizer_state.size() == cp.slot_names.size() * layout.numel(),
+                   "save_checkpoint: optimizer state of " + std::to_string(cp.optimizer_state.size()) + " floats");
+  std::vector<nn::TensorRef> refs;
+  for (const auto& t : layout.tensors()) refs.push_back({t.name, t.shape, cp.params.subspan(t.offset, t.numel)});
+  for (const auto& t : cp.buffer_layout->tensors())
+    refs.push_back({t.name, t.shape, cp.buffers.subspan(t.offset, t.numel)});
+  for (std::size_t s = 0; s < cp.slot_names.size(); ++s) {
+    const auto slot = cp.optimizer_state.subspan(s * layout.numel(), layout.numel());
+    for (const auto& t : layout.tensors())
+      refs.push_back({kOptimizerPrefix + cp.slot_names[s] + "." + t.name, t.shape, slot.subspan(t.offset, t.numel)});
+  }
+  nlohmann::json trajectory = nlohmann::json::object();
+  for (const auto& [name, value] : fields) trajectory[name] = value;
+  nn::save_safetensors(path, refs,
+                       {{"format", kFormat},
+                        {"version", "1"},
+                        {"steps_done", std::to_string(cp.steps_done)},
+                        {"steps_planned", std::to_string(cp.steps_planned)},
+                        {"optimizer_steps", std::to_string(cp.optimizer_steps)},
+                        {"model", model},
+                        {"trajectory", trajectory.dump()}});
+}
+
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainConfig& config,
+                                 const data::ImageClassificationData& data) {
+  const nn::SafetensorsFile file = nn::load_safetensors(path);
+  const auto format = file.metadata.find("format");
+  if (format == file.metadata.end() || format->second != kFormat) {
+    throw IoError(path.string() + " is not a lockstep checkpoint (its metadata has no format '" + kFormat +
+                  "'); --resume takes a file written by --checkpoint. For weights alone, use --init.");
+  }
+  if (const auto v = file.metadata.find("version"); v == file.metadata.end() || v->second != "1") {
+    throw IoError(path.string() + ": checkpoint version " +
+                  (v == file.metadata.end() ? std::string("(none)") : "'" + v->second + "'") +
+                  " is not one this build reads (1).");
+  }
+  LoadedCheckpoint out;
+  out.steps_done = metadata_count(path, file.metadata, "steps_done");
+  out.steps_planned = metadata_count(path, file.metadata, "steps_planned");
+  out.optimizer_steps = metadata_count(path, file.metadata, "optimizer_steps");
+  try {
+    const auto t = nlohmann::json::parse(file.metadata.at("trajectory"));
+    for (const auto& [name, value] : t.items()) out.fields.emplace_back(name, value.get<std::string>());
+  } catch (const std::exception&) {
+    throw IoError(path.string() + ": the checkpoint's metadata lacks a valid 'trajectory' (a JSON object of "
+                  "strings).");
+  }
+
+  const auto model = make_model(config, data.train.features, data.train.num_classes);
+  const auto optimizer = make_optimizer(config, model->layout().numel());
+  std::map<std::string, const nn::TensorData*> by_name;
+  for (const auto& d : file.tensors) by_name[d.name] = &d;
+  std::size_t used = 0;
+  // Each tensor of `layout` under prefix + its name, into `into` at its offset.
+  const auto read = [&](const nn::Layout& layout, const std::string& prefix, std::span<float> into) {
+    for (const auto& t : layout.tensors()) {
+      const auto it = by_name.find(prefix + t.name);
+      if (it == by_name.end()) {
+        throw IoError(path.string() + ": tensor '" + prefix + t.name + "' " + shape_text(t.shape) +
+                      " is missing; the checkpoint is of another model or optimizer (--model, --hidden, "
+                      "--optimizer).");
+      }
+      if (it->second->shape != t.shape) {
+        throw IoError(path.string() + ": tensor '" + prefix + t.name + "' has shape " +
+                      shape_text(it->second->shape) + " but the model needs " + shape_text(t.shape) +
+                      "; the checkpoint is of another model (--model, --hidden) or data set.");
+      }
+      std::copy(it->second->data.begin(), it->second->data.end(), into.begin() + std::ptrdiff_t(t.offset));
+      ++used;
+    }
+  };
+  out.params.resize(model->layout().numel());
+  read(model->layout(), "", out.params);
+  out.buffers.resize(model->buffer_layout().numel());
+  read(model->buffer_layout(), "", out.buffers);
+  const auto slots = optimizer->slot_names();
+  out.optimizer_state.resize(slots.size() * model->layout().numel());
+  for (std::size_t s = 0; s < slots.size(); ++s) {
+    read(model->layout(), kOptimizerPrefix + slots[s] + ".",
+         std::span(out.optimizer_state).subspan(s * model->layout().numel(), model->layout().numel()));
+  }
+  if (used != file.tensors.size()) {
+    for (const auto& d : file.tensors) {
+      const bool known = model->layout().find(d.name) != nullptr || model->buffer_layout().find(d.name) != nullptr ||
+                         std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
+                           return d.name.rfind(kOptimizerPrefix + s + ".", 0) == 0;
+                         });
+      if (!known) {
+        throw IoError(path.string() + ": tensor '" + d.name +
+                      "' is not part of this model or optimizer; the checkpoint is of another run (--model, "
+                      "--hidden, --optimizer).");
+      }
+    }
+  }
+  return out;
+}
+
+void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint cp) {
+  const auto mine = trajectory_fields(config, data);
+  std::map<std::string, std::string> theirs(cp.fields.begin(), cp.fields.end());
+  for (const auto& [name, value] : mine) {
+    const auto it = theirs.find(name);
+    const std::string was = it == theirs.end() ? "(not recorded)" : it->second;
+    if (was != value) {
+      // Floats are recorded exactly, in hex ("0x1.99999ap-4"): shown as decimals.
+      const auto readable = [](const std::string& v) {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        if (v.rfind("0x", 0) != 0 || end == v.c_str() || *end != '\0') return v;
+        char text[32];
+        std::snprintf(text, sizeof text, "%.7g", d);  // the flags are floats
+        return std::string(text);
+      };
+      const std::string was_text = readable(was), value_text = readable(value);
+      const bool long_text = was.size() > 60 || value.size() > 60 || was.find('\n') != std::string::npos;
+      throw InvalidArgument("--resume: " + name + " differs from the run that wrote the checkpoint" +
+                            (long_text ? "" : " ('" + was_text + "' there, '" + value_text + "' here)") +
+                            "; a resumed run keeps the settings that shape its weights. Give the same, or "
+                            "start afresh without --resume.");
+    }
+  }
+  if (cp.steps_done >= cp.steps_planned) {
+    throw InvalidArgument("--resume: the checkpoint is of a run that had ended (step " +
+                          std::to_string(cp.steps_done) + " of " + std::to_string(cp.steps_planned) +
+                          "); for its weights, use --init.");
+  }
+  config.start_step = cp.steps_done;
+  config.initial_params = std::move(cp.params);
+  config.initial_buffers = std::move(cp.buffers);
+  config.initial_optimizer_state = std::move(cp.optimizer_state);
+  config.initial_optimizer_steps = cp.optimizer_steps;
+}
+
+}  // namespace lockstep::train
