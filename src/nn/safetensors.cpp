@@ -146,6 +146,7 @@ class HeaderReader {
   bool start_object(std::size_t) {
     if (depth_ >= 2) return misplaced("an object");
     if (depth_++ == 1) {  // a new entry
+      fields_.clear();
       dtype_.reset();
       shape_.reset();
       offsets_.reset();
@@ -159,6 +160,11 @@ class HeaderReader {
   bool key(std::string& k) {
     if (depth_ == 2) {
       field_ = k;
+      // JSON leaves duplicate keys open; the reference reader refuses them, and
+      // here the last would win silently ("dtype": "BF16", ..., "dtype": "F32").
+      if (!fields_.insert(k).second)
+        fail(path_, (in_metadata() ? std::string("metadata") : "tensor " + show(top_key_)) + " lists " + show(k) +
+                        " twice.");
     } else if (!names_.insert(top_key_ = k).second) {
       fail(path_, "header lists " + show(k) + " twice.");
     }
@@ -262,6 +268,7 @@ class HeaderReader {
   int depth_ = 0;
   std::string top_key_, field_;
   std::unordered_set<std::string> names_;
+  std::unordered_set<std::string> fields_;  // of the current entry (or of the metadata)
   std::optional<std::string> dtype_;
   std::optional<std::vector<std::uint64_t>> shape_, offsets_;
   std::vector<std::uint64_t> numbers_;

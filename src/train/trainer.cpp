@@ -39,7 +39,12 @@ void check_dataset(const data::Dataset& d, const std::string& which, const data:
     throw InvalidArgument(name + " has " + std::to_string(d.features) + " features per sample and the training set " +
                           std::to_string(train.features) + "; the model takes one width.");
   }
-  if (train.num_classes < 1) throw InvalidArgument("the training set has no classes (num_classes 0).");
+  // One class: the loss is 0 whatever the weights, and the test accuracy 1.
+  if (train.num_classes < 2) {
+    throw InvalidArgument("the training set's labels hold " +
+                          std::string(train.num_classes == 1 ? "one class (every label is 0)" : "no classes") +
+                          ", and a classifier needs 2 or more; check the data set's training label file.");
+  }
   for (std::size_t i = 0; i < d.labels.size(); ++i) {
     if (d.labels[i] < 0 || d.labels[i] >= train.num_classes) {
       throw InvalidArgument(name + "'s sample " + std::to_string(i) + " has label " + std::to_string(d.labels[i]) +

@@ -369,6 +369,10 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"demo ragged --data " + make_data_dir("cli_one_class", 256, 0, 4, 1).string(),
        "so there is no error to show; give --data a set with 2 or more classes"},
       {"bench train --data " + dir.string(), "global batches of up to 256 samples"},
+      // One class (zero-filled label files): the loss was 0 and the test accuracy 1, "perfect".
+      {"train --replicas 2 --micro-batch 8 --steps 1 --data " +
+           make_data_dir("cli_one_class_train", 256, 0, 4, 1).string(),
+       "labels hold one class (every label is 0), and a classifier needs 2 or more"},
       {"bench allreduce --sizes 4K --algorithm native", "give --backend gloo or mpi with it"},
       {"bench allreduce --sizes 0x10", "use decimal bytes"},  // strtod read it as 16 bytes
       {"train --data " + (dir / "train-labels-idx1-ubyte.gz").string(), "is a file; give the directory (--data DIR) that holds"},

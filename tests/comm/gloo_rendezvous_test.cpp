@@ -352,6 +352,19 @@ TEST_F(GlooRendezvous, AFailedJobDoesNotStopTheNextOnTheSameRendezvous) {
   std::this_thread::sleep_for(comm::gloo_backend::kAbortFreshFor + 500ms);
   next_job_runs("join", "a refused join");
   next_job_runs("connect", "a failed connect");
+  // An abort record of no age this clock can trust (a time out of range, or
+  // a day ahead, as a host with a skewed clock could write) and no claims
+  // left: an earlier job's, swept, not "fresh" for good. A time past the
+  // range of long long made the age overflow (UBSan), and both refused every
+  // later job until the store was removed by hand.
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const std::string& when : {std::string("-9999999999999999999"), std::to_string(ms + 86400000)}) {
+    const std::string rdv = "planted" + std::to_string(when.size());
+    comm::gloo_backend::RendezvousStore store("file:" + (dir_ / rdv).string(), "lockstep");
+    ASSERT_TRUE(store.set_if_absent("abort", when + " rendezvous refused: planted"));
+    next_job_runs(rdv, "an abort recorded at " + when);
+  }
 }
 
 // A file rendezvous on a filesystem shared by several hosts: the default

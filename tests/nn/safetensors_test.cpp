@@ -179,6 +179,13 @@ TEST_F(SafetensorsTest, RejectsHeadersThatAreNotSafetensorsJson) {
                              float_bytes({1.0f})),
                   "twice");
   expect_io_error(hand_built("meta.safetensors", R"({"__metadata__":{"k":1}})", ""), "not a string");
+  // A field twice in one entry, or a metadata key twice: the last would win silently.
+  expect_io_error(hand_built("dup_field.safetensors",
+                             R"({"a":{"dtype":"BF16","shape":[2],"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                             float_bytes({1.0f})),
+                  "tensor 'a' lists 'dtype' twice");
+  expect_io_error(hand_built("dup_meta.safetensors", R"({"__metadata__":{"k":"1","k":"2"}})", ""),
+                  "metadata lists 'k' twice");
 }
 
 TEST_F(SafetensorsTest, RejectsHeadersThatWouldNeedAbsurdMemory) {

@@ -99,14 +99,23 @@ std::int64_t wall_ms() {
 struct Abort {
   std::string reason;
   double age_s = 0;
+  bool age_known = true;  // false: no time, one out of range, or one over a minute ahead of this clock
 };
 
 Abort decode_abort(const std::string& value) {
   const std::size_t space = value.find(' ');
   char* end = nullptr;
+  errno = 0;
   const long long t = space == std::string::npos ? 0 : std::strtoll(value.c_str(), &end, 10);
-  if (space == std::string::npos || end != value.c_str() + space) return {value, 0};  // not ours: as is
-  return {value.substr(space + 1), std::max(0.0, double(wall_ms() - t) / 1000.0)};
+  if (space == std::string::npos || end != value.c_str() + space || errno == ERANGE || t < 0) {
+    return {value, 0, false};  // not ours: the reason as is, of no known age
+  }
+  // In double: a time near the range's ends must not overflow. A clock a
+  // little ahead (hosts sharing a store) reads as just now; a minute or more
+  // ahead is no time this job can trust, and must not make the record
+  // "fresh" for good (Note [Aborts do not outlive their job]).
+  const double age_s = (double(wall_ms()) - double(t)) / 1000.0;
+  return {value.substr(space + 1), std::max(0.0, age_s), age_s > -60.0};
 }
 
 void write_abort(RendezvousStore& store, const std::string& key, const std::string& reason) noexcept {
@@ -322,7 +331,8 @@ std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, 
   // An "abort" with no claimant left, older than a job's ranks take to
   // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
   if (const auto value = store.try_get("abort")) {
-    if (decode_abort(*value).age_s > double(kAbortFreshFor.count()) && !any_claim(store, world_size)) {
+    const Abort a = decode_abort(*value);
+    if ((!a.age_known || a.age_s > double(kAbortFreshFor.count())) && !any_claim(store, world_size)) {
       store.remove("abort");
       store.remove("world_size");
     }
