@@ -160,6 +160,10 @@ int run_launch(const LaunchFlags& f) {
   options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.grace_s * 1000)));
   options.consequence_exit_code = kExitAbortedByPeer;
   options.plain_stdout = 0;  // rank 0 prints the results: as is, so that --json output parses
+  // Every lockstep command a rank runs ends on a signal by itself: train at
+  // its next progress point with its outputs written (a SIGKILL after the
+  // grace lost them), the others at once.
+  options.children_stop_on_signal = true;
   options.on_started = [&](int, pid_t pid) {
     pids.push_back(pid);
     if (static_cast<int>(pids.size()) != f.nproc) return;

@@ -259,7 +259,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       // so is an exit with the shell's status for one it handled (lockstep
       // train stops at its next progress point, writes its outputs and exits
       // 128 + the signal).
-      const bool handled_ours = !e.signaled && e.after_stop && (e.value == 128 + SIGINT || e.value == 128 + SIGTERM);
+      const bool handled_ours = !e.signaled && e.after_stop &&
+                                (e.value == 128 + SIGINT || e.value == 128 + SIGTERM || e.value == 128 + SIGHUP);
       if (!e.failed() || (e.signaled && e.after_stop) || handled_ours) continue;
       const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
       const bool first_was_consequence = result.first_failure && !result.first_failure->signaled &&
@@ -393,6 +394,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
           }
           result.forwarded_signal = got[k];
           send_all(got[k]);
+          if (options.children_stop_on_signal) continue;  // they end on their own; a second signal kills
           stop_by(Clock::now());  // sent already: SIGKILL after the grace
           if (!kill_at) kill_at = Clock::now() + options.grace;
         }

@@ -74,6 +74,11 @@ struct SupervisorOptions {
   // (lockstep launch: rank 0, the only rank that prints results, so that
   // `launch ... --json > out.json` is JSON); -1: every line is prefixed.
   int plain_stdout = -1;
+  // The children stop by themselves on SIGINT, SIGTERM and SIGHUP (lockstep
+  // train: at its next progress point, its outputs written), which may take
+  // longer than any grace: a forwarded signal then arms no SIGKILL, and only
+  // a second one kills them at once. Otherwise SIGKILL follows after the grace.
+  bool children_stop_on_signal = false;
 };
 
 struct SupervisorResult {

@@ -1,9 +1,11 @@
 #include "stop_on_signal.h"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -14,22 +16,37 @@ namespace {
 
 // Process-wide because signal handlers are; lock-free, so async-signal-safe.
 std::atomic<int> first_signal{0};
+std::atomic<std::int64_t> first_at_ms{0};  // CLOCK_MONOTONIC
 std::atomic<bool> announce_first{false};
-std::atomic<bool> installed{false};
-struct sigaction previous_int {}, previous_term {};
-
 std::atomic<bool> on_terminal{false};  // end the progress line (\r-updated) first
+std::atomic<bool> installed{false};
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction previous[3] = {};
+
+// One signal can arrive twice: GNU timeout sends it to its child and then
+// to its own process group, and a terminal's Ctrl-C reaches a whole group.
+// Only a signal a second or more after the first is the user's second.
+constexpr std::int64_t kSameSignalWithinMs = 1000;
+
 constexpr char kMessage[] =
     "\nlockstep: interrupted; stopping at the next progress point (every --log-every steps, and at each epoch's "
     "end), with the outputs written. Interrupt again to quit at once.\n";
 
+std::int64_t now_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return std::int64_t(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+
 void ask_to_stop(int sig) {
   int none = 0;
-  if (!first_signal.compare_exchange_strong(none, sig)) {  // the second: now
-    ::signal(sig, SIG_DFL);
+  if (!first_signal.compare_exchange_strong(none, sig)) {
+    if (now_ms() - first_at_ms.load() < kSameSignalWithinMs) return;  // the first, delivered again
+    ::signal(sig, SIG_DFL);  // the second: now
     ::raise(sig);
     return;
   }
+  first_at_ms = now_ms();
   if (announce_first.load()) {
     const int skip = on_terminal.load() ? 0 : 1;  // the newline
     const ssize_t ignored = ::write(STDERR_FILENO, kMessage + skip, sizeof kMessage - 1 - skip);
@@ -48,17 +65,16 @@ StopOnSignal::StopOnSignal(bool announce) {
   action.sa_handler = ask_to_stop;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (auto [sig, previous] : {std::pair{SIGINT, &previous_int}, std::pair{SIGTERM, &previous_term}}) {
-    sigaction(sig, &action, previous);
+  for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+    sigaction(kSignals[i], &action, &previous[i]);
     // A signal the process was started ignoring (a background job's SIGINT,
-    // nohup) stays ignored, as the shell meant.
-    if (previous->sa_handler == SIG_IGN) sigaction(sig, previous, nullptr);
+    // nohup's SIGHUP) stays ignored, as the shell meant.
+    if (previous[i].sa_handler == SIG_IGN) sigaction(kSignals[i], &previous[i], nullptr);
   }
 }
 
 StopOnSignal::~StopOnSignal() {
-  sigaction(SIGINT, &previous_int, nullptr);
-  sigaction(SIGTERM, &previous_term, nullptr);
+  for (std::size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &previous[i], nullptr);
   installed = false;
 }
 

@@ -1,4 +1,4 @@
-// SIGINT and SIGTERM during `lockstep train`: the first asks the trainer to
+// SIGINT, SIGTERM and SIGHUP during `lockstep train`: the first asks the trainer to
 // stop at its next progress point (TrainHooks::stop_requested), so that the
 // run ends as at its last step, with --save, --report and the other outputs
 // written; a second ends the process at once (the signal's default action).

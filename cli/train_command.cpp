@@ -98,7 +98,7 @@ ModelSize model_size(const train::TrainConfig& c, const data::ImageClassificatio
 }
 
 // Per-layer forward and backward times of this run (medians over every
-// replica and step but the first), for `lockstep plan --profile`.
+// replica and step but the run's first), for `lockstep plan --profile`.
 cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainResult& r,
                                const data::ImageClassificationData& data) {
   std::map<int, std::vector<double>> forward, backward;
@@ -108,8 +108,10 @@ cost::Profile measured_profile(const train::TrainConfig& c, const train::TrainRe
   // that each time is one micro-batch's.
   std::map<std::tuple<int, std::int64_t, int, bool>, double> per_micro_batch;
   for (const auto& e : r.timeline) {
-    if (e.step > 0 && e.phase == train::Phase::Optimizer) optimizer.push_back((e.end_us - e.start_us) / 1000);
-    if (e.layer < 0 || e.step == 0) continue;
+    // The run's first step warms up (a resumed run's too): left out.
+    const bool first = e.step == r.resumed_from_step;
+    if (!first && e.phase == train::Phase::Optimizer) optimizer.push_back((e.end_us - e.start_us) / 1000);
+    if (e.layer < 0 || first) continue;
     const bool fwd = e.phase == train::Phase::Forward;
     const double ms = (e.end_us - e.start_us) / 1000;
     if (c.deterministic)
@@ -388,7 +390,7 @@ int run_train(TrainFlags& f) {
     nn::LoadedState state = [&] {
       try {
         if (train::is_checkpoint(f.init_file)) {  // its weights and buffers; the optimizer state is --resume's
-          auto cp = train::load_checkpoint(f.init_file, c, data);
+          auto cp = train::load_checkpoint_weights(f.init_file, c, data);
           nn::LoadedState s{.params = std::move(cp.params)};
           if (!cp.buffers.empty()) s.buffers = std::move(cp.buffers);
           return s;
@@ -496,7 +498,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                           std::to_string(steps) + "; give --steps 2 or more.");
   }
   if (f.resume) {
-    train::resume_from(c, data, std::move(*f.resume));
+    train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
     f.resume.reset();
   }
   check_timeline_step(f, data);
@@ -530,7 +532,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                           .stop_requested = [&interrupt] { return interrupt.requested(); },
                           .on_warning = warn};
   if (!f.checkpoint_file.empty()) {
-    const auto fields = train::trajectory_fields(c, data);
+    const auto fields = train::trajectory_fields(c, data, comm::to_string(backend_of(f.group)));
     const std::string model = train::make_model(c, data.train.features, data.train.num_classes)->describe();
     hooks.on_checkpoint = [&f, fields, model](const train::Checkpoint& cp) {
       train::save_checkpoint(f.checkpoint_file, cp, fields, model);

@@ -42,6 +42,15 @@ std::int64_t metadata_count(const std::filesystem::path& path, const std::map<st
 
 }  // namespace
 
+LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
+                                         const TrainConfig& config, const data::ImageClassificationData& data,
+                                         LoadedCheckpoint out, bool optimizer_too);
+
+LoadedCheckpoint load_checkpoint_weights(const std::filesystem::path& path, const TrainConfig& config,
+                                         const data::ImageClassificationData& data) {
+  return read_checkpoint_tensors(path, nn::load_safetensors(path), config, data, {}, /*optimizer_too=*/false);
+}
+
 bool is_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;  // a FIFO would block the open: only regular files are read
   if (!std::filesystem::is_regular_file(path, ec)) return false;
@@ -111,6 +120,12 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
                   "strings).");
   }
 
+  return read_checkpoint_tensors(path, file, config, data, std::move(out), /*optimizer_too=*/true);
+}
+
+LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
+                                         const TrainConfig& config, const data::ImageClassificationData& data,
+                                         LoadedCheckpoint out, bool optimizer_too) {
   const auto model = make_model(config, data.train.features, data.train.num_classes);
   const auto optimizer = make_optimizer(config, model->layout().numel());
   std::map<std::string, const nn::TensorData*> by_name;
@@ -138,7 +153,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   read(model->layout(), "", out.params);
   out.buffers.resize(model->buffer_layout().numel());
   read(model->buffer_layout(), "", out.buffers);
-  const auto slots = optimizer->slot_names();
+  const auto slots = optimizer_too ? optimizer->slot_names() : std::vector<std::string>{};
   out.optimizer_state.resize(slots.size() * model->layout().numel());
   for (std::size_t s = 0; s < slots.size(); ++s) {
     read(model->layout(), kOptimizerPrefix + slots[s] + ".",
@@ -147,6 +162,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   if (used != file.tensors.size()) {
     for (const auto& d : file.tensors) {
       const bool known = model->layout().find(d.name) != nullptr || model->buffer_layout().find(d.name) != nullptr ||
+                         (!optimizer_too && d.name.rfind(kOptimizerPrefix, 0) == 0) ||
                          std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
                            return d.name.rfind(kOptimizerPrefix + s + ".", 0) == 0;
                          });
@@ -160,8 +176,9 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   return out;
 }
 
-void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint cp) {
-  const auto mine = trajectory_fields(config, data);
+void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint cp,
+                 const std::string& transport) {
+  const auto mine = trajectory_fields(config, data, transport);
   std::map<std::string, std::string> theirs(cp.fields.begin(), cp.fields.end());
   for (const auto& [name, value] : mine) {
     const auto it = theirs.find(name);

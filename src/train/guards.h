@@ -115,7 +115,8 @@ class Guards {
   // ends with are always compared) and of the samples read since the last check
   // (accounting). Throws Error on every replica when the accounting fails or
   // the replicas diverged (stop), or re-broadcasts from a majority replica
-  // (repair). Returns whether the divergence detector ran.
+  // (repair). Returns whether the divergence detector ran. `last_step`: also
+  // a step whose state is kept (a checkpoint, a stop), compared as the last is.
   bool check(std::int64_t step, bool epoch_end, bool last_step, std::span<float> params, std::span<float> state,
              std::span<float> buffers, ReplicaOutput& out);
 

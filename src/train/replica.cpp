@@ -107,8 +107,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   auto grads = model->grads();
 
   // Before anything else crosses: do all replicas run the same thing?
-  const auto fields =
+  auto fields =
       handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()), s.inputs_digest);
+  // Whether checkpoints are taken decides which steps compare the replicas
+  // (a collective), so every rank must take them alike.
+  const bool checkpointing = static_cast<bool>(s.hooks.on_checkpoint);
+  fields.push_back({"--checkpoint (--checkpoint-every)",
+                    checkpointing ? "on, every " + std::to_string(c.checkpoint_every) + " steps and epoch ends" : "off"});
   ddp::handshake(comm, fields);
   out.handshake_fields = fields.size();
   // Rank 0 writes the trace and the SVG, so over processes its command line
@@ -135,11 +140,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // weights (replicated: plan() refuses the sharded state), and the count of
   // updates, which every rank's config holds.
   if (c.initial_optimizer_state) {
+    const auto before = comm.stats().bytes_sent;
     if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
     comm::broadcast(comm, optimizer->state(), 0);
     if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
+    out.traffic.resume = comm.stats().bytes_sent - before;
   }
-  out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup;
+  out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup - out.traffic.resume;
   before_setup = comm.stats().bytes_sent;
   verify_broadcast_weights(comm, *model);
   Guards guards(c, s.hooks, comm, *model, *optimizer);
@@ -411,7 +418,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     if (s.hooks.on_replica_step) s.hooks.on_replica_step(rank, step, params, optimizer->state());
     const bool last_step = step == s.total_steps - 1;
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || last_step;
-    const bool checked = guards.check(step, epoch_end, last_step, params, optimizer->state(), buffers, out);  // in the step's time
+    // A checkpoint keeps rank 0's state as everyone's: compared first, so a
+    // replica that diverged is caught (or repaired) before it is kept.
+    const bool checkpoint_step =
+        checkpointing && ((c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || epoch_end);
+    const bool checked = guards.check(step, epoch_end, last_step || checkpoint_step, params, optimizer->state(),
+                                      buffers, out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
@@ -464,8 +476,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       if (!checked) guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
       out.stopped_early = true;
     }
-    const bool checkpoint_due = (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || epoch_end || stop;
-    if (rank == 0 && s.hooks.on_checkpoint && checkpoint_due) {
+    if (rank == 0 && checkpointing && (checkpoint_step || stop)) {
       s.hooks.on_checkpoint({.steps_done = step + 1,
                              .steps_planned = s.total_steps,
                              .optimizer_steps = optimizer->steps_taken(),
@@ -482,7 +493,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
-                            out.traffic.repair - out.traffic.buffers - out.traffic.weights;
+                            out.traffic.repair - out.traffic.buffers - out.traffic.weights - out.traffic.resume;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();

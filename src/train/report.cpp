@@ -17,8 +17,11 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// The steps this process ran (a resumed run's count from the start).
+std::int64_t steps_here(const TrainResult& r) { return r.steps - r.resumed_from_step; }
+
 std::uint64_t gradient_bytes_per_step(const TrainResult& r) {
-  return r.steps > 0 && !r.traffic.empty() ? r.traffic[0].gradients / r.steps : 0;
+  return steps_here(r) > 0 && !r.traffic.empty() ? r.traffic[0].gradients / steps_here(r) : 0;
 }
 
 // What all replicas sent together, by kind.
@@ -33,6 +36,7 @@ TrafficBytes total_sent(const TrainResult& r) {
     sum.repair += t.repair;
     sum.buffers += t.buffers;
     sum.weights += t.weights;
+    sum.resume += t.resume;
     sum.unaccounted += t.unaccounted;
   }
   return sum;
@@ -98,14 +102,14 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   // rounding aside); the naive and halving-doubling all-reduces do not, so
   // then rank 0's is not called everyone's.
   double lo = 0, hi = 0, sum = 0;
-  for (std::size_t i = 0; i < r.traffic.size() && r.steps > 0; ++i) {
-    const double b = double(r.traffic[i].gradients) / double(r.steps);
+  for (std::size_t i = 0; i < r.traffic.size() && steps_here(r) > 0; ++i) {
+    const double b = double(r.traffic[i].gradients) / double(steps_here(r));
     lo = i == 0 ? b : std::min(lo, b), hi = i == 0 ? b : std::max(hi, b), sum += b;
   }
   std::string formula = " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
                         ", independent of the micro-batch)\n";
-  if (r.zero == 1 && r.steps > 0 && !r.traffic.empty()) {  // the other half: the weights' all-gather
-    formula = ", then " + human_bytes(double(r.traffic[0].weights) / double(r.steps)) +
+  if (r.zero == 1 && steps_here(r) > 0 && !r.traffic.empty()) {  // the other half: the weights' all-gather
+    formula = ", then " + human_bytes(double(r.traffic[0].weights) / double(steps_here(r))) +
               " of weights all-gathered after the optimizer step (" +
               (c.deterministic ? "3P(N-1)/N in all under --deterministic, which all-reduces the gradients; "
                                : "together the bytes of one all-reduce, ") +
@@ -138,7 +142,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       std::snprintf(line, sizeof line,
                     "               counted message by message: %.4g messages per step (the all-reduces' rounds "
                     "and segments; over processes, each all-reduce's fingerprint check too)\n",
-                    double(t0.gradient_messages) / double(r.steps));
+                    double(t0.gradient_messages) / double(steps_here(r)));
       s += line;
     }
   }
@@ -217,7 +221,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        " fields agreed, weights verified after the broadcast; ";
   if (c.check_every > 0) {
     // Every check_every steps and after the last: the run's checks over its steps.
-    const double steps_time = double(r.steps) * r.times.step_ms;
+    const double steps_time = double(steps_here(r)) * r.times.step_ms;
     std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
                   steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
     const bool buffers_compared =
@@ -333,10 +337,10 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                 {"allreduce_per_step_per_replica", r.allreduce_bytes_per_step_formula},
                 {"measured_gradient_bytes_sent_per_step_per_replica", gradient_bytes_per_step(r)},
                 {"gradient_messages_per_step_per_replica",
-                 r.steps > 0 ? double(t0.gradient_messages) / double(r.steps) : 0.0},
+                 steps_here(r) > 0 ? double(t0.gradient_messages) / double(steps_here(r)) : 0.0},
                 {"weights_broadcast_at_init", t0.init_broadcast},
                 {"weights_exchanged_after_init", all.repair + all.unaccounted + all.weights},
-                {"weights_all_gathered_per_step_per_replica", r.steps > 0 ? t0.weights / std::uint64_t(r.steps) : 0},
+                {"weights_all_gathered_per_step_per_replica", steps_here(r) > 0 ? t0.weights / std::uint64_t(steps_here(r)) : 0},
                 {"optimizer_state_unsharded", r.optimizer_state_bytes_whole},
                 {"activations_communicated", all.unaccounted},
                 {"control_bytes", t0.control}};
@@ -348,7 +352,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"gradient_messages", t.gradient_messages},
                    {"control", t.control},
                    {"checks", t.checks},
-                   {"repair", t.repair}, {"buffers", t.buffers}, {"weights", t.weights},
+                   {"repair", t.repair}, {"buffers", t.buffers}, {"weights", t.weights}, {"resume", t.resume},
                    {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;

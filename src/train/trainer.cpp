@@ -484,7 +484,8 @@ std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificat
 }
 
 std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainConfig& config,
-                                                                   const data::ImageClassificationData& data) {
+                                                                   const data::ImageClassificationData& data,
+                                                                   const std::string& transport) {
   const Plan p = plan(config, data);
   // The handshake's fields, less those that change no weight: how often the
   // run reports, checks and evaluates, the faults it injects, and the build
@@ -497,6 +498,10 @@ std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainCo
                                                 detail::planned_buckets(config, p.probe->layout()),
                                                 detail::inputs_digest(data))) {
     if (!kNoWeight.contains(f.name)) out.emplace_back(f.name, f.value);
+  }
+  if (config.algorithm == comm::Algorithm::Auto) {  // an explicit algorithm sums alike on every transport
+    out.emplace_back("--algorithm auto's all-reduce (--backend, a modelled link)",
+                     transport + (config.link.enabled() ? ", modelled link" : ""));
   }
   return out;
 }

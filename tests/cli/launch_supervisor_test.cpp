@@ -242,6 +242,26 @@ TEST(Supervisor, AChildExitingWithTheStatusOfTheForwardedSignalIsNoFailure) {
   EXPECT_EQ(c.result.first_failure->value, 7);
 }
 
+// Children that stop by themselves on a signal (lockstep train: at its next
+// progress point, which may be far) are not SIGKILLed after the grace: that
+// lost the outputs they were about to write. A second signal still kills.
+TEST(Supervisor, ChildrenThatStopOnASignalAreGivenTheTimeTheyTake) {
+  const std::string ready = marker("slow_stop");
+  std::thread interrupt([&] {
+    for (int i = 0; i < 3000 && !fs::exists(ready); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kill(getpid(), SIGINT);
+  });
+  // Longer than the grace after the signal, then the shell's status for it.
+  const auto c = run({sh("rank 0", "trap 'sleep 1.5; exit 130' INT; touch " + ready + "; while :; do sleep 0.05; done")},
+                     {.grace = std::chrono::milliseconds(300), .children_stop_on_signal = true});
+  interrupt.join();
+  EXPECT_EQ(c.result.forwarded_signal, SIGINT);
+  EXPECT_FALSE(c.result.first_failure);
+  ASSERT_EQ(c.result.exits.size(), 1u);
+  EXPECT_FALSE(c.result.exits[0].signaled) << describe(c.result.exits[0]) << ": killed after the grace";
+  EXPECT_EQ(c.result.exits[0].value, 130);
+}
+
 // Under nohup (SIGHUP ignored) the job outlives the terminal: the children
 // inherit the ignored SIGHUP, and the supervisor leaves it ignored when it
 // returns. Without nohup, the default action is back after supervise().

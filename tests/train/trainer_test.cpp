@@ -237,6 +237,52 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
   }
 }
 
+// A checkpoint keeps rank 0's state as everyone's, so the replicas are
+// compared at every step that writes one: a replica that diverged is caught
+// there (stop) and never kept, though --check-every alone would compare
+// only later. And a stop at an epoch's end, whose check has run already,
+// counts no second accounting check.
+TEST(Resume, ACheckpointIsOnlyOfStateTheReplicasAgreeOn) {
+  const auto data = synthetic_data(2048);
+  auto c = small_config(4, 16);
+  c.steps = 40;
+  c.check_every = 20;
+  c.checkpoint_every = 10;
+  c.inject = {fault_from_string("bitflip@8:0")};
+  int written = 0;
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint&) { ++written; };
+  try {
+    train(c, data, hooks);
+    ADD_FAILURE() << "the flipped weight was not caught";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replicas diverged by step 9"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(written, 0) << "a checkpoint kept the flipped weight";
+
+  auto stop = small_config(4, 16);
+  stop.steps = 100;
+  stop.check_every = 0;
+  const std::int64_t per_epoch = data.train.size / 64;
+  stop.log_every = per_epoch;  // the first progress point is the first epoch's end
+  TrainHooks asked;
+  asked.stop_requested = [] { return true; };
+  const auto r = train(stop, data, asked);
+  EXPECT_EQ(r.steps, per_epoch);
+  EXPECT_EQ(r.accounting_checks, 1);
+}
+
+// With --algorithm auto the transport decides which all-reduce runs (and the
+// last bits of its sums), so a checkpoint records it; an explicit algorithm
+// sums alike everywhere.
+TEST(Resume, TheTransportIsATrajectoryFieldOnlyUnderAuto) {
+  const auto data = synthetic_data(512);
+  auto c = small_config(2, 16);
+  EXPECT_NE(trajectory_fields(c, data, "threads"), trajectory_fields(c, data, "gloo"));
+  c.algorithm = comm::Algorithm::Ring;
+  EXPECT_EQ(trajectory_fields(c, data, "threads"), trajectory_fields(c, data, "gloo"));
+}
+
 // What a checkpoint cannot hold is refused when asked for, and a start past
 // the run's end or without the state is refused too.
 TEST(Resume, StateACheckpointCannotHoldIsRefused) {

@@ -41,10 +41,17 @@ struct LoadedCheckpoint {
 LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainConfig& config,
                                  const data::ImageClassificationData& data);
 
+// The weights and buffers of a checkpoint alone (--init FILE), whatever the
+// optimizer that wrote it: the result's optimizer_state is empty.
+LoadedCheckpoint load_checkpoint_weights(const std::filesystem::path& path, const TrainConfig& config,
+                                         const data::ImageClassificationData& data);
+
 // Sets config to go on from `checkpoint` (start_step, initial_params,
 // initial_buffers, initial_optimizer_state, initial_optimizer_steps), after
 // checking that this run's trajectory_fields() are the writer's: otherwise
 // InvalidArgument names the first that differs, with both values.
-void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint checkpoint);
+// `transport` as trajectory_fields() takes it.
+void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint checkpoint,
+                 const std::string& transport = "threads");
 
 }  // namespace lockstep::train

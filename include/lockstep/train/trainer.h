@@ -183,6 +183,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
   std::uint64_t buffers = 0;      // buffer updates averaged by --bn-stats sync
   std::uint64_t weights = 0;      // weights all-gathered after each sharded optimizer step (--zero 1)
+  std::uint64_t resume = 0;       // the optimizer state rank 0 broadcast from a checkpoint (--resume)
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -264,7 +265,8 @@ struct TrainHooks {
   // a signal handler). If it returns true on any replica, every replica stops
   // after that step, as if it were the run's last: the weights are compared
   // and the test set evaluated, and TrainResult::stopped_early is set. The
-  // vote rides on the progress tallies' all-reduce, so asking costs nothing.
+  // vote rides on the progress tallies' all-reduce (under --deterministic, a
+  // one-float all-reduce at each progress point).
   std::function<bool()> stop_requested;
   // Called on rank 0's thread (rank 0's process) after the step's checks,
   // every config.checkpoint_every steps, at each epoch's end, and after the
@@ -292,10 +294,14 @@ std::int64_t total_steps(const TrainConfig& config, const data::ImageClassificat
 
 // The settings that shape a run's weights, named by their flags ("--lr",
 // "0.1"), the model, the data and the replica count included: a checkpoint
-// records them, and a run that goes on from it must have the same. Throws
+// records them, and a run that goes on from it must have the same.
+// `transport`: "threads" (train()) or the process group's backend ("gloo",
+// "mpi"), which with --algorithm auto decides which all-reduce runs (with a
+// modelled link too), and so the last bits of the sums. Throws
 // InvalidArgument as train() does.
 std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainConfig& config,
-                                                                   const data::ImageClassificationData& data);
+                                                                   const data::ImageClassificationData& data,
+                                                                   const std::string& transport = "threads");
 
 // Runs training. Throws InvalidArgument for a config that cannot work, and
 // rethrows the first replica's error if one fails (the others are stopped).
