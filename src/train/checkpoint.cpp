@@ -208,7 +208,7 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
   }
   config.start_step = cp.steps_done;
   config.initial_params = std::move(cp.params);
-  config.initial_buffers = std::move(cp.buffers);
+  if (!cp.buffers.empty()) config.initial_buffers = std::move(cp.buffers);  // a model without buffers: none
   config.initial_optimizer_state = std::move(cp.optimizer_state);
   config.initial_optimizer_steps = cp.optimizer_steps;
 }

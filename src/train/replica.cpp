@@ -128,7 +128,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   if (rank == 0) {
     model->init(c.seed);  // the buffers' defaults (running variance 1) under --init too
     if (c.initial_params) std::memcpy(params.data(), c.initial_params->data(), params.size_bytes());
-    if (c.initial_buffers)
+    if (c.initial_buffers && !c.initial_buffers->empty())  // (an empty vector's data() may be null)
       std::memcpy(model->buffers().data(), c.initial_buffers->data(), model->buffers().size_bytes());
   }
   auto before_setup = comm.stats().bytes_sent;
