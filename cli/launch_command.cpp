@@ -36,6 +36,7 @@ struct LaunchFlags {
   std::string backend = "gloo";
   double rendezvous_timeout_s = 60;
   double grace_s = 5;
+  double stop_timeout_s = 300;
   std::vector<std::string> command;  // after "--": the subcommand and its flags
 };
 
@@ -164,6 +165,7 @@ int run_launch(const LaunchFlags& f) {
   // its next progress point with its outputs written (a SIGKILL after the
   // grace lost them), the others at once.
   options.children_stop_on_signal = true;
+  options.stop_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.stop_timeout_s * 1000)));
   options.on_started = [&](int, pid_t pid) {
     pids.push_back(pid);
     if (static_cast<int>(pids.size()) != f.nproc) return;
@@ -219,8 +221,13 @@ Action add_launch_command(CLI::App& app) {
   cmd->add_option("--rendezvous-timeout", flags->rendezvous_timeout_s,
                   "Seconds the ranks wait for each other to join")
       ->check(number_in(0.001, 1e6));
-  cmd->add_option("--grace", flags->grace_s, "Seconds between SIGTERM and SIGKILL when the job is stopped")
+  cmd->add_option("--grace", flags->grace_s,
+                  "Seconds between SIGTERM and SIGKILL when the job is stopped after a rank failed")
       ->check(number_in(0.0, 3600.0));
+  cmd->add_option("--stop-timeout", flags->stop_timeout_s,
+                  "Seconds the ranks get after a forwarded SIGINT/SIGTERM/SIGHUP (train stops at its next progress "
+                  "point and writes its outputs) before SIGKILL; a second signal kills at once")
+      ->check(number_in(0.0, 1e6));
   cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
   return [flags] { return run_launch(*flags); };
 }

@@ -394,7 +394,10 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
           }
           result.forwarded_signal = got[k];
           send_all(got[k]);
-          if (options.children_stop_on_signal) continue;  // they end on their own; a second signal kills
+          if (options.children_stop_on_signal) {  // they end on their own, within stop_timeout
+            if (!kill_at) kill_at = Clock::now() + std::max(options.grace, options.stop_timeout);
+            continue;
+          }
           stop_by(Clock::now());  // sent already: SIGKILL after the grace
           if (!kill_at) kill_at = Clock::now() + options.grace;
         }

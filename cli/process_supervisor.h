@@ -76,9 +76,11 @@ struct SupervisorOptions {
   int plain_stdout = -1;
   // The children stop by themselves on SIGINT, SIGTERM and SIGHUP (lockstep
   // train: at its next progress point, its outputs written), which may take
-  // longer than any grace: a forwarded signal then arms no SIGKILL, and only
-  // a second one kills them at once. Otherwise SIGKILL follows after the grace.
+  // longer than the grace: after a forwarded signal they get `stop_timeout`
+  // before SIGKILL, and a second signal kills them at once. Otherwise SIGKILL
+  // follows after the grace.
   bool children_stop_on_signal = false;
+  std::chrono::milliseconds stop_timeout{300000};
 };
 
 struct SupervisorResult {

@@ -59,11 +59,13 @@ void ask_to_stop(int sig) {
 StopOnSignal::StopOnSignal(bool announce) {
   if (installed.exchange(true)) throw Error("StopOnSignal: one exists already");
   first_signal = 0;
+  first_at_ms = 0;
   announce_first = announce;
   on_terminal = ::isatty(STDERR_FILENO) == 1;
   struct sigaction action {};
   action.sa_handler = ask_to_stop;
-  sigemptyset(&action.sa_mask);
+  sigemptyset(&action.sa_mask);  // one handler at a time: another signal waits until this one has run
+  for (int sig : kSignals) sigaddset(&action.sa_mask, sig);
   action.sa_flags = SA_RESTART;
   for (std::size_t i = 0; i < std::size(kSignals); ++i) {
     sigaction(kSignals[i], &action, &previous[i]);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -144,6 +145,13 @@ LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, cons
         throw IoError(path.string() + ": tensor '" + prefix + t.name + "' has shape " +
                       shape_text(it->second->shape) + " but the model needs " + shape_text(t.shape) +
                       "; the checkpoint is of another model (--model, --hidden) or data set.");
+      }
+      for (const float v : it->second->data) {
+        if (!std::isfinite(v)) {
+          throw IoError(path.string() + ": tensor '" + prefix + t.name +
+                        "' holds NaN or infinite values; the checkpoint is damaged, or of a run that had diverged. "
+                        "Resume from an earlier one.");
+        }
       }
       std::copy(it->second->data.begin(), it->second->data.end(), into.begin() + std::ptrdiff_t(t.offset));
       ++used;

@@ -253,13 +253,29 @@ TEST(Supervisor, ChildrenThatStopOnASignalAreGivenTheTimeTheyTake) {
   });
   // Longer than the grace after the signal, then the shell's status for it.
   const auto c = run({sh("rank 0", "trap 'sleep 1.5; exit 130' INT; touch " + ready + "; while :; do sleep 0.05; done")},
-                     {.grace = std::chrono::milliseconds(300), .children_stop_on_signal = true});
+                     {.grace = std::chrono::milliseconds(300),
+                      .children_stop_on_signal = true,
+                      .stop_timeout = std::chrono::seconds(20)});
   interrupt.join();
   EXPECT_EQ(c.result.forwarded_signal, SIGINT);
   EXPECT_FALSE(c.result.first_failure);
   ASSERT_EQ(c.result.exits.size(), 1u);
   EXPECT_FALSE(c.result.exits[0].signaled) << describe(c.result.exits[0]) << ": killed after the grace";
   EXPECT_EQ(c.result.exits[0].value, 130);
+
+  // But not for ever: a child that does not stop is killed after stop_timeout.
+  const std::string stuck = marker("stuck_stop");
+  std::thread again([&] {
+    for (int i = 0; i < 3000 && !fs::exists(stuck); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kill(getpid(), SIGINT);
+  });
+  const auto k = run({sh("rank 0", "trap '' INT; touch " + stuck + "; while :; do sleep 0.05; done")},
+                     {.grace = std::chrono::milliseconds(100),
+                      .children_stop_on_signal = true,
+                      .stop_timeout = std::chrono::milliseconds(500)});
+  again.join();
+  ASSERT_EQ(k.result.exits.size(), 1u);
+  EXPECT_TRUE(k.result.exits[0].signaled && k.result.exits[0].value == SIGKILL) << describe(k.result.exits[0]);
 }
 
 // Under nohup (SIGHUP ignored) the job outlives the terminal: the children

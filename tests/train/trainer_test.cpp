@@ -2,18 +2,21 @@
 #include "lockstep/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
 
 #include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
 #include "synthetic_data.h"
 
 namespace lockstep::train {
@@ -281,6 +284,34 @@ TEST(Resume, TheTransportIsATrajectoryFieldOnlyUnderAuto) {
   EXPECT_NE(trajectory_fields(c, data, "threads"), trajectory_fields(c, data, "gloo"));
   c.algorithm = comm::Algorithm::Ring;
   EXPECT_EQ(trajectory_fields(c, data, "threads"), trajectory_fields(c, data, "gloo"));
+}
+
+// A checkpoint holding a NaN (a damaged file) is refused when read, naming
+// the tensor, instead of resuming into skipped steps.
+TEST(Resume, ANonFiniteValueInACheckpointIsRefused) {
+  const auto data = synthetic_data(512);
+  auto c = small_config(2, 16);
+  c.steps = 4;
+  const auto path = std::filesystem::temp_directory_path() / ("lockstep_nan_" + std::to_string(::getpid()) + ".st");
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint& cp) {
+    if (cp.steps_done != 2) return;
+    std::vector<float> state(cp.optimizer_state.begin(), cp.optimizer_state.end());
+    state[3] = std::numeric_limits<float>::quiet_NaN();
+    Checkpoint damaged = cp;
+    damaged.optimizer_state = state;
+    save_checkpoint(path, damaged, trajectory_fields(c, data), "mlp");
+  };
+  c.checkpoint_every = 2;
+  train(c, data, hooks);
+  try {
+    load_checkpoint(path, c, data);
+    ADD_FAILURE() << "a NaN in the optimizer state was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'optimizer.momentum_buffer.0.weight' holds NaN"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 // What a checkpoint cannot hold is refused when asked for, and a start past
