@@ -43,7 +43,10 @@ std::int64_t metadata_count(const std::filesystem::path& path, const std::map<st
 
 }  // namespace
 
-LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
+// The tensors of `file` that `config`'s model (and, if optimizer_too, its
+// optimizer) needs, into `out`; IoError names a missing, mis-shaped, extra or
+// non-finite one. (Declared here, defined after load_checkpoint.)
+static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
                                          const TrainConfig& config, const data::ImageClassificationData& data,
                                          LoadedCheckpoint out, bool optimizer_too);
 
@@ -124,7 +127,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   return read_checkpoint_tensors(path, file, config, data, std::move(out), /*optimizer_too=*/true);
 }
 
-LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
+static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& path, const nn::SafetensorsFile& file,
                                          const TrainConfig& config, const data::ImageClassificationData& data,
                                          LoadedCheckpoint out, bool optimizer_too) {
   const auto model = make_model(config, data.train.features, data.train.num_classes);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -222,17 +223,25 @@ TEST(Supervisor, ForwardsSigintAndSighupToEveryChild) {
   }
 }
 
+// A thread that sends this process SIGINT, as a terminal's Ctrl-C would,
+// once every child has created its marker (its trap is set; at most 30 s).
+std::thread interrupt_when_ready(std::vector<std::string> markers) {
+  return std::thread([markers = std::move(markers)] {
+    const auto all_there = [&] {
+      return std::all_of(markers.begin(), markers.end(), [](const std::string& m) { return fs::exists(m); });
+    };
+    for (int i = 0; i < 3000 && !all_there(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kill(getpid(), SIGINT);
+  });
+}
+
 // A child that handles the forwarded signal and exits with the shell's
 // status for it (lockstep train: outputs written, then 128 + the signal) was
 // stopped by the interrupt, not failing on its own: no rank "failed first".
 // One that exits otherwise after it is still a failure.
 TEST(Supervisor, AChildExitingWithTheStatusOfTheForwardedSignalIsNoFailure) {
   const std::string ready0 = marker("handled0"), ready1 = marker("handled1");
-  std::thread interrupt([&] {  // once both traps are set (at most 30 s)
-    for (int i = 0; i < 3000 && !(fs::exists(ready0) && fs::exists(ready1)); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    kill(getpid(), SIGINT);
-  });
+  std::thread interrupt = interrupt_when_ready({ready0, ready1});
   const auto c = run({sh("rank 0", "trap 'exit 130' INT; touch " + ready0 + "; while :; do sleep 0.05; done"),
                       sh("rank 1", "trap 'exit 7' INT; touch " + ready1 + "; while :; do sleep 0.05; done")});
   interrupt.join();
@@ -244,13 +253,11 @@ TEST(Supervisor, AChildExitingWithTheStatusOfTheForwardedSignalIsNoFailure) {
 
 // Children that stop by themselves on a signal (lockstep train: at its next
 // progress point, which may be far) are not SIGKILLed after the grace: that
-// lost the outputs they were about to write. A second signal still kills.
+// lost the outputs they were about to write. But not for ever: one that
+// does not stop is killed after stop_timeout.
 TEST(Supervisor, ChildrenThatStopOnASignalAreGivenTheTimeTheyTake) {
   const std::string ready = marker("slow_stop");
-  std::thread interrupt([&] {
-    for (int i = 0; i < 3000 && !fs::exists(ready); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    kill(getpid(), SIGINT);
-  });
+  std::thread interrupt = interrupt_when_ready({ready});
   // Longer than the grace after the signal, then the shell's status for it.
   const auto c = run({sh("rank 0", "trap 'sleep 1.5; exit 130' INT; touch " + ready + "; while :; do sleep 0.05; done")},
                      {.grace = std::chrono::milliseconds(300),
@@ -263,12 +270,8 @@ TEST(Supervisor, ChildrenThatStopOnASignalAreGivenTheTimeTheyTake) {
   EXPECT_FALSE(c.result.exits[0].signaled) << describe(c.result.exits[0]) << ": killed after the grace";
   EXPECT_EQ(c.result.exits[0].value, 130);
 
-  // But not for ever: a child that does not stop is killed after stop_timeout.
   const std::string stuck = marker("stuck_stop");
-  std::thread again([&] {
-    for (int i = 0; i < 3000 && !fs::exists(stuck); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    kill(getpid(), SIGINT);
-  });
+  std::thread again = interrupt_when_ready({stuck});
   const auto k = run({sh("rank 0", "trap '' INT; touch " + stuck + "; while :; do sleep 0.05; done")},
                      {.grace = std::chrono::milliseconds(100),
                       .children_stop_on_signal = true,
