@@ -10,6 +10,7 @@
 #include "fingerprint.h"
 
 #include <cstring>
+#include <iterator>
 
 #include "algorithms.h"
 #include "lockstep/error.h"
@@ -19,9 +20,9 @@ namespace lockstep::comm {
 namespace detail {
 
 const char* kind_name(CollectiveKind kind) {
-  const char* kinds[] = {"?", "allreduce", "broadcast", "barrier", "reduce_scatter", "all_gather"};
+  const char* kinds[] = {"?", "allreduce", "broadcast", "barrier", "reduce_scatter", "all_gather", "gather"};
   const auto k = static_cast<std::uint32_t>(kind);
-  return k < 6 ? kinds[k] : "?";
+  return k < std::size(kinds) ? kinds[k] : "?";
 }
 
 }  // namespace detail

@@ -302,6 +302,23 @@ void Reducer::discard_error_feedback() {
   std::fill(s.residual.begin(), s.residual.end(), 0.0f);
 }
 
+std::span<const float> Reducer::error_feedback() const {
+  const State& s = *state_;
+  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::error_feedback() inside a step; call it after finish_step()");
+  return s.residual;
+}
+
+void Reducer::restore_error_feedback(std::span<const float> error) {
+  State& s = *state_;
+  LOCKSTEP_REQUIRE(!s.in_step, "Reducer::restore_error_feedback() inside a step; call it before begin_step()");
+  if (error.size() != s.residual.size()) {
+    throw InvalidArgument("Reducer::restore_error_feedback: " + std::to_string(error.size()) + " values, but this "
+                          "reducer keeps " + std::to_string(s.residual.size()) +
+                          (s.residual.empty() ? " (no --compress bf16)" : " (one per gradient value)"));
+  }
+  std::copy(error.begin(), error.end(), s.residual.begin());
+}
+
 void Reducer::mark_ready(std::size_t tensor) {
   State& s = *state_;
   LOCKSTEP_REQUIRE(s.in_step, "Reducer::mark_ready() outside a step; call begin_step() first");

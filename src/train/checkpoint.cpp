@@ -17,6 +17,12 @@ namespace {
 
 constexpr const char* kFormat = "lockstep-checkpoint";
 constexpr const char* kOptimizerPrefix = "optimizer.";
+// State that differs by replica: "replica.<r>.<buffer>" (--bn-stats local)
+// and "error_feedback.<r>.<parameter>" (--compress bf16).
+constexpr const char* kReplicaPrefix = "replica.";
+constexpr const char* kErrorFeedbackPrefix = "error_feedback.";
+
+std::string per_replica(const char* prefix, std::size_t r) { return prefix + std::to_string(r) + "."; }
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
@@ -87,6 +93,16 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& cp,
     for (const auto& t : layout.tensors())
       refs.push_back({kOptimizerPrefix + cp.slot_names[s] + "." + t.name, t.shape, slot.subspan(t.offset, t.numel)});
   }
+  // Replica r's copy of `layout` at r x layout.numel() of `all`, under prefix.r.
+  const auto add_per_replica = [&](const char* prefix, const nn::Layout& l, std::span<const float> all) {
+    LOCKSTEP_REQUIRE(l.numel() > 0 ? all.size() % l.numel() == 0 : all.empty(),
+                     std::string("save_checkpoint: ") + prefix + " of " + std::to_string(all.size()) + " floats");
+    for (std::size_t r = 0; l.numel() > 0 && r < all.size() / l.numel(); ++r)
+      for (const auto& t : l.tensors())
+        refs.push_back({per_replica(prefix, r) + t.name, t.shape, all.subspan(r * l.numel() + t.offset, t.numel)});
+  };
+  add_per_replica(kReplicaPrefix, *cp.buffer_layout, cp.replica_buffers);
+  add_per_replica(kErrorFeedbackPrefix, layout, cp.error_feedback);
   nlohmann::json trajectory = nlohmann::json::object();
   for (const auto& [name, value] : fields) trajectory[name] = value;
   nn::save_safetensors(path, refs,
@@ -170,10 +186,24 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
     read(model->layout(), kOptimizerPrefix + slots[s] + ".",
          std::span(out.optimizer_state).subspan(s * model->layout().numel(), model->layout().numel()));
   }
+  // Per-replica state, for as many replicas as the file has (resume_from
+  // compares the count with the run's).
+  const auto read_per_replica = [&](const char* prefix, const nn::Layout& layout, std::vector<float>& into) {
+    for (std::size_t r = 0; optimizer_too && !layout.tensors().empty() &&
+                            by_name.contains(per_replica(prefix, r) + layout.tensors().front().name);
+         ++r) {
+      into.resize((r + 1) * layout.numel());
+      read(layout, per_replica(prefix, r), std::span(into).subspan(r * layout.numel(), layout.numel()));
+    }
+  };
+  read_per_replica(kReplicaPrefix, model->buffer_layout(), out.replica_buffers);
+  read_per_replica(kErrorFeedbackPrefix, model->layout(), out.error_feedback);
   if (used != file.tensors.size()) {
     for (const auto& d : file.tensors) {
       const bool known = model->layout().find(d.name) != nullptr || model->buffer_layout().find(d.name) != nullptr ||
-                         (!optimizer_too && d.name.rfind(kOptimizerPrefix, 0) == 0) ||
+                         (!optimizer_too && (d.name.rfind(kOptimizerPrefix, 0) == 0 ||
+                                             d.name.rfind(kReplicaPrefix, 0) == 0 ||
+                                             d.name.rfind(kErrorFeedbackPrefix, 0) == 0)) ||
                          std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
                            return d.name.rfind(kOptimizerPrefix + s + ".", 0) == 0;
                          });
@@ -222,6 +252,8 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
   if (!cp.buffers.empty()) config.initial_buffers = std::move(cp.buffers);  // a model without buffers: none
   config.initial_optimizer_state = std::move(cp.optimizer_state);
   config.initial_optimizer_steps = cp.optimizer_steps;
+  config.initial_replica_buffers = std::move(cp.replica_buffers);  // train() checks their count
+  config.initial_error_feedback = std::move(cp.error_feedback);
 }
 
 }  // namespace lockstep::train

@@ -80,6 +80,18 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
   return tally[0] / tally[1];
 }
 
+// --zero 1: the optimizer's state covers only this replica's `owned` ranges,
+// slot k's at [k x shard, (k+1) x shard). Copies those ranges out of the
+// whole state, whose slot k is laid out as the P parameters at k x P.
+void take_owned(std::span<const float> whole, std::span<float> shard, std::span<const optim::ParamRange> owned,
+                std::size_t P) {
+  const std::size_t slots = whole.size() / P, per_slot = slots == 0 ? 0 : shard.size() / slots;
+  for (std::size_t k = 0; k < slots; ++k) {
+    float* to = shard.data() + k * per_slot;
+    for (const auto& r : owned) to = std::copy_n(whole.data() + k * P + r.offset, r.numel, to);
+  }
+}
+
 }  // namespace
 
 ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
@@ -141,9 +153,24 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // updates, which every rank's config holds.
   if (c.initial_optimizer_state) {
     const auto before = comm.stats().bytes_sent;
-    if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
-    comm::broadcast(comm, optimizer->state(), 0);
-    if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
+    if (!sharded) {
+      if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
+      comm::broadcast(comm, optimizer->state(), 0);
+      if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
+    } else {  // --zero 1: the whole state, of which each replica keeps its own shard
+      comm::broadcast(comm, std::span<float>(*c.initial_optimizer_state), 0);
+      take_owned(*c.initial_optimizer_state, optimizer->state(), owned, params.size());
+      optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
+      c.initial_optimizer_state.reset();  // this replica's copy is not needed again
+    }
+    // --bn-stats local: every replica's own statistics, replica r's at r x B.
+    if (!c.initial_replica_buffers.empty()) {
+      const auto buffers = model->buffers();
+      comm::broadcast(comm, std::span<float>(c.initial_replica_buffers), 0);
+      const auto mine = std::span<const float>(c.initial_replica_buffers).subspan(std::size_t(rank) * buffers.size(),
+                                                                                  buffers.size());
+      std::copy(mine.begin(), mine.end(), buffers.begin());
+    }
     out.traffic.resume = comm.stats().bytes_sent - before;
   }
   out.traffic.init_broadcast = comm.stats().bytes_sent - before_setup - out.traffic.resume;
@@ -165,6 +192,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                                    (c.overlap == Overlap::Auto && !shared_memory),
                         .shard = sharded});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
+  // --compress bf16, resumed: every replica's own rounding error, replica r's at r x P.
+  if (!c.initial_error_feedback.empty()) {
+    const auto before = comm.stats().bytes_sent;
+    comm::broadcast(comm, std::span<float>(c.initial_error_feedback), 0);
+    reducer.restore_error_feedback(
+        std::span<const float>(c.initial_error_feedback).subspan(std::size_t(rank) * params.size(), params.size()));
+    c.initial_error_feedback = {};
+    out.traffic.resume += comm.stats().bytes_sent - before;
+  }
   out.buckets = reducer.buckets();
   out.overlapped =
       c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory);
@@ -185,6 +221,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   Recorder recorder(out.recorded_timeline, rank, s.t0);
   auto buffers = model->buffers();
   const bool sync_buffers = c.bn_stats == BnStats::Sync && !buffers.empty() && !c.deterministic;
+  const bool local_buffers = c.bn_stats == BnStats::Local && !buffers.empty() && !c.deterministic && comm.size() > 1;
   std::vector<float> buffers_at_step(c.deterministic || sync_buffers ? buffers.size() : 0);
   std::vector<float> buffer_update(sync_buffers ? buffers.size() : 0);
   std::vector<float> atom_vector(c.deterministic ? params.size() + 1 + buffers.size() : 0);
@@ -476,16 +513,61 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       if (!checked) guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
       out.stopped_early = true;
     }
-    if (rank == 0 && checkpointing && (checkpoint_step || stop)) {
-      s.hooks.on_checkpoint({.steps_done = step + 1,
-                             .steps_planned = s.total_steps,
-                             .optimizer_steps = optimizer->steps_taken(),
-                             .layout = &model->layout(),
-                             .buffer_layout = &model->buffer_layout(),
-                             .slot_names = optimizer->slot_names(),
-                             .params = params,
-                             .buffers = buffers,
-                             .optimizer_state = optimizer->state()});
+    if (checkpointing && (checkpoint_step || stop)) {
+      // What the replicas hold differently, gathered to rank 0 first (every
+      // rank takes part; only rank 0 keeps the whole).
+      const auto before = comm.stats().bytes_sent;
+      const std::size_t n = std::size_t(comm.size()), P = params.size();
+      std::vector<float> whole_state, replica_buffers, error_feedback;
+      if (sharded) {  // the whole optimizer state: every replica's shard of each slot
+        // Shards differ in size by up to one element a bucket: each travels
+        // padded to the largest.
+        std::vector<std::vector<ddp::GradRange>> ranges;
+        std::size_t widest = 0;
+        for (int r = 0; r < comm.size(); ++r) {
+          ranges.push_back(ddp::owned_ranges(reducer.buckets(), r, comm.size()));
+          std::size_t numel = 0;
+          for (const auto& g : ranges.back()) numel += g.numel;
+          widest = std::max(widest, numel);
+        }
+        const std::size_t slots = optimizer->slot_names().size(), mine = optimizer->state().size() / slots;
+        std::vector<float> padded(widest), shards(rank == 0 ? n * widest : 0);
+        if (rank == 0) whole_state.resize(slots * P);
+        for (std::size_t k = 0; k < slots; ++k) {
+          const auto slot = optimizer->state().subspan(k * mine, mine);
+          std::copy(slot.begin(), slot.end(), padded.begin());
+          comm::gather(comm, padded, shards, 0);
+          for (int r = 0; rank == 0 && r < comm.size(); ++r) {  // replica r's shard: its ranges, in order
+            auto from = shards.begin() + std::ptrdiff_t(std::size_t(r) * widest);
+            for (const auto& g : ranges[std::size_t(r)]) {
+              std::copy_n(from, g.numel, whole_state.begin() + std::ptrdiff_t(k * P + g.offset));
+              from += std::ptrdiff_t(g.numel);
+            }
+          }
+        }
+      }
+      if (local_buffers) {
+        replica_buffers.resize(rank == 0 ? buffers.size() * n : 0);
+        comm::gather(comm, buffers, replica_buffers, 0);
+      }
+      if (c.compression == ddp::Compression::Bf16) {
+        error_feedback.resize(rank == 0 ? P * n : 0);
+        comm::gather(comm, reducer.error_feedback(), error_feedback, 0);
+      }
+      out.traffic.checkpoint += comm.stats().bytes_sent - before;
+      if (rank == 0) {
+        s.hooks.on_checkpoint({.steps_done = step + 1,
+                               .steps_planned = s.total_steps,
+                               .optimizer_steps = optimizer->steps_taken(),
+                               .layout = &model->layout(),
+                               .buffer_layout = &model->buffer_layout(),
+                               .slot_names = optimizer->slot_names(),
+                               .params = params,
+                               .buffers = buffers,
+                               .optimizer_state = sharded ? std::span<const float>(whole_state) : optimizer->state(),
+                               .replica_buffers = replica_buffers,
+                               .error_feedback = error_feedback});
+      }
     }
     if (stop) break;
   }
@@ -493,7 +575,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
-                            out.traffic.repair - out.traffic.buffers - out.traffic.weights - out.traffic.resume;
+                            out.traffic.repair - out.traffic.buffers - out.traffic.weights - out.traffic.resume -
+                            out.traffic.checkpoint;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();

@@ -37,6 +37,7 @@ TrafficBytes total_sent(const TrainResult& r) {
     sum.buffers += t.buffers;
     sum.weights += t.weights;
     sum.resume += t.resume;
+    sum.checkpoint += t.checkpoint;
     sum.unaccounted += t.unaccounted;
   }
   return sum;
@@ -353,7 +354,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"control", t.control},
                    {"checks", t.checks},
                    {"repair", t.repair}, {"buffers", t.buffers}, {"weights", t.weights}, {"resume", t.resume},
-                   {"unaccounted", t.unaccounted}});
+                   {"checkpoint", t.checkpoint}, {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;
   return j.dump(2) + "\n";

@@ -334,22 +334,27 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
   return {std::move(sampler), total_steps, warmup, std::move(probe)};
 }
 
-// A checkpoint is rank 0's state, so that state must be every replica's.
-void check_checkpointing(const TrainConfig& c, const TrainHooks& hooks, const nn::Model& probe) {
-  if (!hooks.on_checkpoint && !c.initial_optimizer_state) return;
-  const char* what = hooks.on_checkpoint ? "--checkpoint" : "--resume";
-  if (c.zero == 1 && c.replicas > 1) {
-    throw InvalidArgument(std::string(what) + " with --zero 1: each replica holds only its shard of the optimizer "
-                          "state, and checkpoints hold the replicated state only; leave out --zero 1.");
-  }
-  if (c.compression == ddp::Compression::Bf16) {
-    throw InvalidArgument(std::string(what) + " with --compress bf16: each replica carries its own rounding error "
-                          "to the next step, which checkpoints do not hold; leave out --compress bf16.");
-  }
-  if (!probe.buffer_layout().tensors().empty() && c.bn_stats == BnStats::Local && !c.deterministic) {
-    throw InvalidArgument(std::string(what) + " with --bn-stats local: each replica keeps its own batch-norm "
-                          "statistics, and checkpoints hold one set; give --bn-stats sync.");
-  }
+// What differs by replica goes into a checkpoint replica by replica
+// (TrainConfig::initial_replica_buffers): a resumed run needs each replica's
+// own, for as many replicas as there were.
+void check_checkpointing(const TrainConfig& c, const nn::Model& probe) {
+  const bool local_buffers = !probe.buffer_layout().tensors().empty() && c.bn_stats == BnStats::Local &&
+                             !c.deterministic && c.replicas > 1;
+  const bool bf16 = c.compression == ddp::Compression::Bf16;
+  const auto check = [&](const std::vector<float>& v, bool kept, std::size_t per_replica, const char* name,
+                         const char* why) {
+    const std::size_t want = kept && c.initial_optimizer_state ? per_replica * std::size_t(c.replicas) : 0;
+    if (v.size() == want) return;
+    throw InvalidArgument(std::string("--resume: ") + name + " holds " + std::to_string(v.size()) + " values, but " +
+                          (want == 0 ? std::string("this run keeps none") :
+                                       "this run needs " + std::to_string(per_replica) + " for each of " +
+                                           std::to_string(c.replicas) + " replicas") +
+                          " (" + why + "); resume with the settings of the run that wrote the checkpoint.");
+  };
+  check(c.initial_replica_buffers, local_buffers, probe.buffer_layout().numel(), "initial_replica_buffers",
+        "--bn-stats local: each replica's own batch-norm statistics");
+  check(c.initial_error_feedback, bf16, probe.layout().numel(), "initial_error_feedback",
+        "--compress bf16: each replica's rounding error");
 }
 
 // OpenBLAS's thread count is process-wide: set it for one run, restore it after.
@@ -508,7 +513,7 @@ std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainCo
 
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
-  check_checkpointing(c, hooks, *p.probe);
+  check_checkpointing(c, *p.probe);
   const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
 
   auto comms =
@@ -562,7 +567,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
         "a process group has real links");
   }
   Plan p = plan(c, data);
-  check_checkpointing(c, hooks, *p.probe);
+  check_checkpointing(c, *p.probe);
   const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 

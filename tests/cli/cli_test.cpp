@@ -349,8 +349,6 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"--init /nonexistent.st --shuffle off --seed 3", "with --init, --shuffle off and --model mlp (no dropout)"},
       {"--checkpoint-every 5", "--checkpoint-every says how often to write --checkpoint FILE"},
       {"--init /nonexistent.st --resume /nonexistent.st", "--resume and --init both set the starting weights"},
-      {"--checkpoint c.st --zero 1", "--checkpoint with --zero 1: each replica holds only its shard"},
-      {"--checkpoint c.st --compress bf16", "--checkpoint with --compress bf16"},
       {"--rank 1", "--rank is for a group of processes"},
       {"--secret-file /nonexistent", "--secret-file is for a group of processes"},
       {"--backend mpi --rendezvous file:/nonexistent", "--rendezvous is for --backend gloo"},

@@ -630,6 +630,8 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
 // a slow modelled link, so that it is still running: the link changes when
 // bytes arrive, not the ring's sums) and under launch over Gloo (the ring
 // over processes adds as the ring over threads), resumed in one process.
+// Under --zero 1 over Gloo, the checkpoint gathers every rank's shard of the
+// optimizer state, and the run resumed in one process saves --zero 0's bytes.
 // A checkpoint also serves --init (its weights), and --resume refuses other
 // flags, a finished run's checkpoint and a plain weights file.
 TEST_F(LaunchTrain, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUnbrokenRun) {
@@ -647,11 +649,19 @@ TEST_F(LaunchTrain, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUnbrokenRun
   ASSERT_FALSE(want.empty());
 
   std::string finished;  // a checkpoint of the finished run
-  for (const bool launched : {false, true}) {
-    SCOPED_TRACE(launched ? "interrupted under launch --nproc 2" : "interrupted in one process");
-    const auto dir = run_dir(launched ? "resume-launch" : "resume-one");
+  struct Case {
+    bool launched;
+    std::vector<std::string> flags;
+  };
+  for (const Case& k : {Case{false, {}}, Case{true, {}}, Case{true, {"--zero", "1"}}}) {
+    const bool launched = k.launched;
+    SCOPED_TRACE(std::string(launched ? "interrupted under launch --nproc 2" : "interrupted in one process") +
+                 (k.flags.empty() ? "" : ", --zero 1"));
+    const std::string name = std::string(launched ? "resume-launch" : "resume-one") + (k.flags.empty() ? "" : "-zero");
+    const auto dir = run_dir(name);
     const std::string checkpoint = (dir / "c.st").string();
     auto args = common({"--checkpoint", checkpoint});
+    args.insert(args.end(), k.flags.begin(), k.flags.end());
     if (!launched) args.insert(args.end(), {"--link-bandwidth", "10Mbit"});
     args.erase(std::find(args.begin(), args.end(), "--quiet"));  // for the progress lines
     CliRun first(dir, launched ? launch_args(2, args) : args);
@@ -659,22 +669,33 @@ TEST_F(LaunchTrain, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUnbrokenRun
     kill(first.pid(), SIGINT);
     ASSERT_EQ(first.wait(), 130) << first.err();
     ASSERT_TRUE(fs::exists(checkpoint));
-    finished = checkpoint;
+    if (k.flags.empty()) finished = checkpoint;  // for the refusals below
 
-    const auto again_dir = run_dir(launched ? "resume-launch-again" : "resume-one-again");
-    CliRun again(again_dir, common({"--resume", checkpoint, "--checkpoint", checkpoint, "--save",
-                                    (again_dir / "w.st").string(), "--report", (again_dir / "r.json").string()}));
+    const auto again_dir = run_dir(name + "-again");
+    auto again_args = common({"--resume", checkpoint, "--checkpoint", checkpoint, "--save",
+                              (again_dir / "w.st").string(), "--report", (again_dir / "r.json").string()});
+    again_args.insert(again_args.end(), k.flags.begin(), k.flags.end());
+    CliRun again(again_dir, again_args);
     ASSERT_EQ(again.wait(), 0) << again.err();
     EXPECT_EQ(read_file(again_dir / "w.st"), want) << "the resumed run's weights differ from the unbroken run's";
     // Per step, over the steps this run made: as the unbroken run's.
     const auto a = nlohmann::json::parse(read_file(whole_dir / "r.json"))["bytes"];
     const auto b = nlohmann::json::parse(read_file(again_dir / "r.json"))["bytes"];
-    for (const char* k : {"measured_gradient_bytes_sent_per_step_per_replica", "gradient_messages_per_step_per_replica"})
-      EXPECT_EQ(a[k], b[k]) << k;
+    if (k.flags.empty()) {
+      for (const char* f : {"measured_gradient_bytes_sent_per_step_per_replica", "gradient_messages_per_step_per_replica"})
+        EXPECT_EQ(a[f], b[f]) << f;
+    } else {  // --zero 1 reduce-scatters instead; its checkpoints gather the shards to rank 0, counted apart
+      const auto& sent = b["per_replica_sent"];
+      ASSERT_EQ(sent.size(), 2u) << b.dump();
+      EXPECT_GT(sent[1]["checkpoint"].get<std::uint64_t>(), 0u) << b.dump();
+      for (const auto& replica : sent) EXPECT_EQ(replica["unaccounted"].get<std::uint64_t>(), 0u) << b.dump();
+    }
     EXPECT_NE(again.out().find("resumed      from a checkpoint after step"), std::string::npos) << again.out();
 
     // The checkpoint now holds the finished run: --resume refuses it, --init takes its weights.
-    CliRun ended(run_dir("resume-ended"), common({"--resume", checkpoint}));
+    auto ended_args = common({"--resume", checkpoint});
+    ended_args.insert(ended_args.end(), k.flags.begin(), k.flags.end());
+    CliRun ended(run_dir(name + "-ended"), ended_args);
     EXPECT_EQ(ended.wait(), 2) << ended.err();
     EXPECT_NE(ended.err().find("the checkpoint is of a run that had ended (step 3000 of 3000)"), std::string::npos)
         << ended.err();

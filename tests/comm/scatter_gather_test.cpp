@@ -55,6 +55,37 @@ TEST(AllGather, EveryRankGetsEveryBlockInRankOrder) {
   }
 }
 
+// Gather to a root, from every root: the root holds every block in rank
+// order; the others' output is left alone, and each sends its block once.
+TEST(Gather, TheRootGetsEveryBlockInRankOrder) {
+  for (int n = 1; n <= 9; ++n) {
+    for (int root = 0; root < n; ++root) {
+      for (std::size_t block : closed_form::all_gather_blocks()) {
+        rethrow_first(run_ranks(n, [&](Communicator& comm) {
+          std::vector<float> in = closed_form::all_gather_inputs(comm.rank(), block);
+          std::vector<float> out(block * n, -1.0f);
+          const auto sent = comm.stats().bytes_sent;
+          gather(comm, in, out, root);
+          for (std::size_t i = 0; i < out.size(); ++i) {
+            ASSERT_EQ(out[i], comm.rank() == root ? closed_form::all_gather_expected(block, i) : -1.0f)
+                << "n=" << n << " root=" << root << " rank=" << comm.rank() << " i=" << i;
+          }
+          // Fingerprints travel too; the data is the block, from each non-root only.
+          const auto data_bytes = comm.stats().bytes_sent - sent;
+          if (comm.rank() == root) EXPECT_LT(data_bytes, 256u) << "the root sent data";
+          else EXPECT_GE(data_bytes, block * sizeof(float));
+        }));
+      }
+    }
+  }
+  // A root output of the wrong size is refused, and no rank is left waiting.
+  const auto errors = run_ranks(3, [](Communicator& comm) {
+    std::vector<float> in(4), out(comm.rank() == 0 ? 11 : 0);
+    gather(comm, in, out, 0);
+  });
+  for (const auto& e : errors) EXPECT_TRUE(e != nullptr);
+}
+
 // The in-place halves (ZeRO-1), on both paths: the threads backend's shared
 // memory, and the ring over point-to-point messages only.
 struct InPlacePath {

@@ -84,6 +84,12 @@ void reduce_scatter(Communicator& comm, std::span<const float> in, std::span<flo
 // rank. Ring: N-1 rounds, (N-1) x in bytes sent per rank.
 void all_gather(Communicator& comm, std::span<const float> in, std::span<float> out);
 
+// Every rank contributes `in` (the same size on every rank); the root's
+// `out` (N x in.size()) receives rank i's `in` at offset i x in.size(). The
+// others' `out` is not used (it may be empty). One round: in bytes sent by
+// each rank but the root.
+void gather(Communicator& comm, std::span<const float> in, std::span<float> out, int root);
+
 // The two halves of the all-reduce, in place, for sharded training (ZeRO-1,
 // docs/design.md). `data` (the same count on every rank) is cut into N chunks
 // as the ring cuts it (chunk i = [i*count/N, (i+1)*count/N)), and rank r owns

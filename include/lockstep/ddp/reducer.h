@@ -151,6 +151,13 @@ class Reducer {
   // bf16 compression, forgets the rounding error kept for the next step
   // (Note [Error feedback]), which came from them. Between steps only.
   void discard_error_feedback();
+  // With bf16 compression, the rounding error this rank carries to the next
+  // step (Note [Error feedback]), laid out like the gradients; empty without.
+  // For checkpoints: restore_error_feedback() puts a saved one back
+  // (InvalidArgument unless it is error_feedback().size() long). Between
+  // steps only.
+  std::span<const float> error_feedback() const;
+  void restore_error_feedback(std::span<const float> error);
 
  private:
   struct State;

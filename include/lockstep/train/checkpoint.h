@@ -3,7 +3,11 @@
 //
 // Tensors: the weights and buffers under their PyTorch names (as --save
 // writes them), then every optimizer slot of every parameter as
-// "optimizer.<slot>.<name>" (e.g. "optimizer.momentum_buffer.0.weight").
+// "optimizer.<slot>.<name>" (e.g. "optimizer.momentum_buffer.0.weight"; under
+// --zero 1 gathered from the replicas' shards). State that differs by
+// replica, for each replica r: its buffers as "replica.<r>.<name>"
+// (--bn-stats local) and its bf16 rounding error as
+// "error_feedback.<r>.<name>" (--compress bf16).
 // Metadata: "format" = "lockstep-checkpoint", "version" = "1", the steps done
 // and planned, the optimizer's updates, and "trajectory", a JSON object of
 // trajectory_fields(): the settings a resumed run must share.
@@ -32,6 +36,9 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
 struct LoadedCheckpoint {
   std::int64_t steps_done = 0, steps_planned = 0, optimizer_steps = 0;
   std::vector<float> params, buffers, optimizer_state;  // laid out as the model's and the optimizer's arenas
+  // Per replica, as TrainConfig::initial_replica_buffers and
+  // initial_error_feedback: empty unless the writer kept them.
+  std::vector<float> replica_buffers, error_feedback;
   std::vector<std::pair<std::string, std::string>> fields;  // the writer's trajectory_fields()
 };
 

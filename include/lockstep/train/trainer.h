@@ -123,13 +123,19 @@ struct TrainConfig {
   std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
   // Going on from a checkpoint (--resume; TrainHooks::on_checkpoint wrote
   // it): the steps it had run (the loop starts at this step, with the data
-  // order, schedule and checks of an unbroken run), its optimizer state
-  // (replicated: every slot, laid out as the optimizer's) and the optimizer's
+  // order, schedule and checks of an unbroken run), its whole optimizer
+  // state (every slot laid out as the parameters; under --zero 1 each
+  // replica keeps its own shard of it) and the optimizer's
   // count of steps taken (skipped steps are not). initial_params and
   // initial_buffers hold its weights and buffers.
   std::int64_t start_step = 0;
   std::optional<std::vector<float>> initial_optimizer_state;
   std::int64_t initial_optimizer_steps = 0;
+  // State that differs by replica, replica r's at [r x size, (r+1) x size):
+  // --bn-stats local's buffers (replicas x buffer floats; rank 0's are also
+  // initial_buffers) and --compress bf16's rounding error carried to the
+  // next step (replicas x P). Needed to resume those runs; empty otherwise.
+  std::vector<float> initial_replica_buffers, initial_error_feedback;
   // TrainHooks::on_checkpoint every this many steps (0: at epoch ends only),
   // and always at each epoch's end and the run's last step.
   std::int64_t checkpoint_every = 0;
@@ -183,7 +189,8 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
   std::uint64_t buffers = 0;      // buffer updates averaged by --bn-stats sync
   std::uint64_t weights = 0;      // weights all-gathered after each sharded optimizer step (--zero 1)
-  std::uint64_t resume = 0;       // the optimizer state rank 0 broadcast from a checkpoint (--resume)
+  std::uint64_t resume = 0;       // the state rank 0 broadcast from a checkpoint (--resume)
+  std::uint64_t checkpoint = 0;   // per-replica state gathered to rank 0 for a checkpoint (--zero 1, local bn, bf16)
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -247,7 +254,14 @@ struct Checkpoint {
   const nn::Layout* layout = nullptr;
   const nn::Layout* buffer_layout = nullptr;
   std::vector<std::string> slot_names;  // the optimizer's state slots, each laid out as `layout`
+  // Rank 0's weights and buffers; the whole optimizer state (under --zero 1
+  // gathered from every replica's shard), every slot laid out as `layout`.
   std::span<const float> params, buffers, optimizer_state;
+  // State that differs by replica, replica r's at [r x size, (r+1) x size),
+  // empty unless the run keeps it: every replica's buffers (--bn-stats
+  // local) and every replica's bf16 rounding error (--compress bf16; each
+  // laid out as `layout`). See TrainConfig::initial_replica_buffers.
+  std::span<const float> replica_buffers, error_feedback;
 };
 
 struct TrainHooks {
@@ -271,10 +285,10 @@ struct TrainHooks {
   // Called on rank 0's thread (rank 0's process) after the step's checks,
   // every config.checkpoint_every steps, at each epoch's end, and after the
   // run's last step (also when stopped early); the others wait in the next
-  // collective. The spans are valid during the call only. Needs state that
-  // every replica holds alike: not --zero 1 (each holds a shard), --compress
-  // bf16 (each its own rounding error) or a model with buffers under
-  // --bn-stats local (each its own statistics); train() refuses those.
+  // collective. The spans are valid during the call only. State that the
+  // replicas hold differently is gathered to rank 0 first, by every replica
+  // (a collective; TrafficBytes::checkpoint): --zero 1's optimizer shards,
+  // --bn-stats local's buffers, --compress bf16's rounding errors.
   std::function<void(const Checkpoint&)> on_checkpoint;
   // Warnings (a skipped step, a repair, an injected fault), one sentence
   // each. Called from any replica's thread; must be thread-safe.
