@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <random>
 #include <set>
 
@@ -95,6 +96,19 @@ TEST_F(GlooSecret, ASecretFileOthersCanReadIsRefused) {
                              ": No such file or directory; give every rank the same file"),
             std::string::npos)
       << gone[0].log;
+  // A file far too large to be a secret (here a sparse 1 GiB) is refused
+  // before it is read.
+  const auto big = secret("big", "x");
+  std::filesystem::resize_file(big, std::uintmax_t{1} << 30);
+  GlooGroup large(dir_);
+  auto b = args(1);
+  b.insert(b.end(), {"--secret-file", big});
+  large.spawn(0, b);
+  const auto too_big = large.wait_all(20s);
+  EXPECT_EQ(too_big[0].code, 2) << too_big[0].log;
+  EXPECT_NE(too_big[0].log.find(big + " is 1073741824 bytes, more than a secret's limit of 65536"),
+            std::string::npos)
+      << too_big[0].log;
 }
 
 // The local ports of every TCP socket the process `pid` holds.

@@ -106,6 +106,13 @@ std::string read_secret_file(const std::string& path) {
     throw InvalidArgument(what + " has mode 0" + mode.str() + "; it must be readable by its owner only (chmod 600 " +
                           path + ")");
   }
+  // A secret is a few dozen bytes; a file of gigabytes given by mistake
+  // (a data set, an image) would be read whole before any peer was met.
+  constexpr off_t kMaxSecretBytes = 64 << 10;
+  if (st.st_size > kMaxSecretBytes) {
+    throw InvalidArgument(what + " is " + std::to_string(st.st_size) + " bytes, more than a secret's limit of " +
+                          std::to_string(kMaxSecretBytes) + remedy);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(what + ": cannot read it" + remedy);
   std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
