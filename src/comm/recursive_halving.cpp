@@ -1,7 +1,6 @@
 // The rounds of recursive halving and doubling (recursive_halving.h).
 #include "recursive_halving.h"
 
-#include <ranges>
 #include <vector>
 
 #include "algorithms.h"
@@ -44,7 +43,8 @@ void halving_doubling_rounds(Communicator& comm, std::span<float> data, ReduceOp
   finish(data.subspan(seg.begin, seg.end - seg.begin), op, comm.size());
 
   // 2. Recursive doubling: retrace the halvings backwards.
-  for (int d : distances | std::views::reverse) {
+  for (auto it = distances.rbegin(); it != distances.rend(); ++it) {
+    const int d = *it;
     const int partner = real_rank(v ^ d);
     const Segment whole = path.back();
     path.pop_back();
