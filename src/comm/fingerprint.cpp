@@ -20,7 +20,7 @@ namespace lockstep::comm {
 namespace detail {
 
 const char* kind_name(CollectiveKind kind) {
-  const char* kinds[] = {"?", "allreduce", "broadcast", "barrier", "reduce_scatter", "all_gather", "gather"};
+  const char* kinds[] = {"?", "allreduce", "broadcast", "barrier", "reduce_scatter", "all_gather", "gather", "scatter"};
   const auto k = static_cast<std::uint32_t>(kind);
   return k < std::size(kinds) ? kinds[k] : "?";
 }

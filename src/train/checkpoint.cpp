@@ -3,11 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "lockstep/error.h"
 #include "lockstep/nn/safetensors.h"
@@ -140,6 +142,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
                   "strings).");
   }
 
+  out.path = path;
   return read_checkpoint_tensors(path, file, config, data, std::move(out), /*optimizer_too=*/true);
 }
 
@@ -186,24 +189,44 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
     read(model->layout(), kOptimizerPrefix + slots[s] + ".",
          std::span(out.optimizer_state).subspan(s * model->layout().numel(), model->layout().numel()));
   }
-  // Per-replica state, for as many replicas as the file has (resume_from
-  // compares the count with the run's).
+  // Per-replica state: replicas 0 .. the highest the file names, each whole
+  // (a missing tensor is named); resume_from compares the count with the run's.
+  const auto replica_of = [](const std::string& name, const char* prefix) -> std::optional<std::size_t> {
+    const std::string p = prefix;
+    if (name.rfind(p, 0) != 0) return std::nullopt;
+    std::size_t r = 0, i = p.size();
+    for (; i < name.size() && i < p.size() + 6 && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+      r = r * 10 + std::size_t(name[i] - '0');
+    if (i == p.size() || i >= name.size() || name[i] != '.') return std::nullopt;
+    return r;
+  };
   const auto read_per_replica = [&](const char* prefix, const nn::Layout& layout, std::vector<float>& into) {
-    for (std::size_t r = 0; optimizer_too && !layout.tensors().empty() &&
-                            by_name.contains(per_replica(prefix, r) + layout.tensors().front().name);
-         ++r) {
+    std::size_t count = 0;
+    for (const auto& d : file.tensors)
+      if (const auto r = replica_of(d.name, prefix)) count = std::max(count, *r + 1);
+    if (!optimizer_too || layout.tensors().empty()) return;
+    for (std::size_t r = 0; r < count; ++r) {  // grown replica by replica: a stray high number is a missing tensor
       into.resize((r + 1) * layout.numel());
       read(layout, per_replica(prefix, r), std::span(into).subspan(r * layout.numel(), layout.numel()));
     }
   };
   read_per_replica(kReplicaPrefix, model->buffer_layout(), out.replica_buffers);
   read_per_replica(kErrorFeedbackPrefix, model->layout(), out.error_feedback);
+  // Whether `name` is replica r's copy of a tensor of `layout` that was read.
+  const auto per_replica_known = [&](const std::string& name, const char* prefix, const nn::Layout& layout,
+                                     const std::vector<float>& read_into) {
+    const auto r = replica_of(name, prefix);
+    return r && layout.numel() > 0 && (*r + 1) * layout.numel() <= read_into.size() &&
+           layout.find(name.substr(per_replica(prefix, *r).size())) != nullptr;
+  };
   if (used != file.tensors.size()) {
     for (const auto& d : file.tensors) {
       const bool known = model->layout().find(d.name) != nullptr || model->buffer_layout().find(d.name) != nullptr ||
                          (!optimizer_too && (d.name.rfind(kOptimizerPrefix, 0) == 0 ||
                                              d.name.rfind(kReplicaPrefix, 0) == 0 ||
                                              d.name.rfind(kErrorFeedbackPrefix, 0) == 0)) ||
+                         per_replica_known(d.name, kReplicaPrefix, model->buffer_layout(), out.replica_buffers) ||
+                         per_replica_known(d.name, kErrorFeedbackPrefix, model->layout(), out.error_feedback) ||
                          std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
                            return d.name.rfind(kOptimizerPrefix + s + ".", 0) == 0;
                          });
@@ -247,13 +270,39 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
                           std::to_string(cp.steps_done) + " of " + std::to_string(cp.steps_planned) +
                           "); for its weights, use --init.");
   }
+  // Each replica's part of what the replicas hold differently, for as many
+  // replicas as this run has (the same as the writer's, by now).
+  const auto model = make_model(config, data.train.features, data.train.num_classes);
+  const auto check_parts = [&](const std::vector<float>& parts, bool kept, std::size_t per_replica,
+                               const char* names, const char* writer) {
+    const std::size_t want = kept ? per_replica * std::size_t(config.replicas) : 0;
+    if (parts.size() == want) return;
+    const std::size_t have = per_replica == 0 ? 0 : parts.size() / per_replica;
+    throw IoError(cp.path.string() + ": the checkpoint holds " + names + " for " + std::to_string(have) +
+                  " replicas, but " +
+                  (kept ? "the run that wrote it (" + std::string(writer) + ", " + std::to_string(config.replicas) +
+                              " replicas) writes them for each"
+                        : std::string("a run with its settings writes none")) +
+                  "; the file is damaged. Resume from an earlier one.");
+  };
+  const bool local_buffers = !model->buffer_layout().tensors().empty() && config.bn_stats == BnStats::Local &&
+                             !config.deterministic && config.replicas > 1;
+  check_parts(cp.replica_buffers, local_buffers, model->buffer_layout().numel(), "'replica.<r>.*' statistics",
+              "--bn-stats local");
+  check_parts(cp.error_feedback, config.compression == ddp::Compression::Bf16, model->layout().numel(),
+              "'error_feedback.<r>.*' rounding errors", "--compress bf16");
   config.start_step = cp.steps_done;
   config.initial_params = std::move(cp.params);
   if (!cp.buffers.empty()) config.initial_buffers = std::move(cp.buffers);  // a model without buffers: none
   config.initial_optimizer_state = std::move(cp.optimizer_state);
   config.initial_optimizer_steps = cp.optimizer_steps;
-  config.initial_replica_buffers = std::move(cp.replica_buffers);  // train() checks their count
-  config.initial_error_feedback = std::move(cp.error_feedback);
+  // train() checks that there is one part for each replica.
+  config.initial_replica_buffers = cp.replica_buffers.empty()
+                                       ? nullptr
+                                       : std::make_shared<const std::vector<float>>(std::move(cp.replica_buffers));
+  config.initial_error_feedback = cp.error_feedback.empty()
+                                      ? nullptr
+                                      : std::make_shared<const std::vector<float>>(std::move(cp.error_feedback));
 }
 
 }  // namespace lockstep::train

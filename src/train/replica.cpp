@@ -80,17 +80,34 @@ double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset&
   return tally[0] / tally[1];
 }
 
-// --zero 1: the optimizer's state covers only this replica's `owned` ranges,
-// slot k's at [k x shard, (k+1) x shard). Copies those ranges out of the
-// whole state, whose slot k is laid out as the P parameters at k x P.
-void take_owned(std::span<const float> whole, std::span<float> shard, std::span<const optim::ParamRange> owned,
-                std::size_t P) {
-  const std::size_t slots = whole.size() / P, per_slot = slots == 0 ? 0 : shard.size() / slots;
-  for (std::size_t k = 0; k < slots; ++k) {
-    float* to = shard.data() + k * per_slot;
-    for (const auto& r : owned) to = std::copy_n(whole.data() + k * P + r.offset, r.numel, to);
+// --zero 1 (Note [Sharded optimizer state]): every replica's ranges of the
+// parameters (ddp::owned_ranges) and the widest shard. Shards differ by up
+// to one element a bucket, so in a gather or scatter each travels padded to
+// the widest. pack() and unpack() move replica r's ranges of one slot of the
+// whole state (laid out as the P parameters) to and from its padded block.
+struct ShardLayout {
+  std::vector<std::vector<ddp::GradRange>> ranges;
+  std::size_t widest = 0;
+  ShardLayout(const std::vector<ddp::Bucket>& buckets, int world_size) {
+    for (int r = 0; r < world_size; ++r) {
+      ranges.push_back(ddp::owned_ranges(buckets, r, world_size));
+      std::size_t numel = 0;
+      for (const auto& g : ranges.back()) numel += g.numel;
+      widest = std::max(widest, numel);
+    }
   }
-}
+  void pack(std::span<const float> whole_slot, int r, std::span<float> block) const {
+    float* to = block.data();
+    for (const auto& g : ranges[std::size_t(r)]) to = std::copy_n(whole_slot.data() + g.offset, g.numel, to);
+  }
+  void unpack(std::span<const float> block, int r, std::span<float> whole_slot) const {
+    const float* from = block.data();
+    for (const auto& g : ranges[std::size_t(r)]) {
+      std::copy_n(from, g.numel, whole_slot.data() + g.offset);
+      from += g.numel;
+    }
+  }
+};
 
 }  // namespace
 
@@ -149,27 +166,35 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // only): every replica starts from the same state.
   if (!model->buffers().empty()) comm::broadcast(comm, model->buffers(), 0);
   // Going on from a checkpoint: its optimizer state, rank 0's like the
-  // weights (replicated: plan() refuses the sharded state), and the count of
-  // updates, which every rank's config holds.
+  // weights (broadcast whole, or under --zero 1 scattered, each replica its
+  // shard), each replica's own part of what the replicas hold differently,
+  // and the count of updates, which every rank's config holds.
   if (c.initial_optimizer_state) {
     const auto before = comm.stats().bytes_sent;
     if (!sharded) {
       if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
       comm::broadcast(comm, optimizer->state(), 0);
       if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
-    } else {  // --zero 1: the whole state, of which each replica keeps its own shard
-      comm::broadcast(comm, std::span<float>(*c.initial_optimizer_state), 0);
-      take_owned(*c.initial_optimizer_state, optimizer->state(), owned, params.size());
+    } else {  // --zero 1: rank 0 scatters the whole state, slot by slot, each replica its own shard
+      const ShardLayout shards(planned_buckets(c, model->layout()), comm.size());
+      const std::size_t slots = optimizer->slot_names().size(), P = params.size();
+      const std::size_t mine = slots == 0 ? 0 : optimizer->state().size() / slots;
+      std::vector<float> block(shards.widest), blocks(rank == 0 ? std::size_t(comm.size()) * shards.widest : 0);
+      for (std::size_t k = 0; k < slots; ++k) {
+        for (int r = 0; rank == 0 && r < comm.size(); ++r) {
+          shards.pack(std::span<const float>(*c.initial_optimizer_state).subspan(k * P, P), r,
+                      std::span(blocks).subspan(std::size_t(r) * shards.widest, shards.widest));
+        }
+        comm::scatter(comm, blocks, block, 0);
+        std::copy_n(block.begin(), mine, optimizer->state().begin() + std::ptrdiff_t(k * mine));
+      }
       optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
-      c.initial_optimizer_state.reset();  // this replica's copy is not needed again
     }
-    // --bn-stats local: every replica's own statistics, replica r's at r x B.
-    if (!c.initial_replica_buffers.empty()) {
+    c.initial_optimizer_state.reset();  // this replica's copy is not needed again
+    // --bn-stats local: every replica's own statistics, replica r's at r x B on rank 0.
+    if (c.initial_replica_buffers) {
       const auto buffers = model->buffers();
-      comm::broadcast(comm, std::span<float>(c.initial_replica_buffers), 0);
-      const auto mine = std::span<const float>(c.initial_replica_buffers).subspan(std::size_t(rank) * buffers.size(),
-                                                                                  buffers.size());
-      std::copy(mine.begin(), mine.end(), buffers.begin());
+      comm::scatter(comm, rank == 0 ? *c.initial_replica_buffers : std::span<const float>(), buffers, 0);
     }
     out.traffic.resume = comm.stats().bytes_sent - before;
   }
@@ -193,12 +218,11 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         .shard = sharded});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   // --compress bf16, resumed: every replica's own rounding error, replica r's at r x P.
-  if (!c.initial_error_feedback.empty()) {
+  if (c.initial_error_feedback) {
     const auto before = comm.stats().bytes_sent;
-    comm::broadcast(comm, std::span<float>(c.initial_error_feedback), 0);
-    reducer.restore_error_feedback(
-        std::span<const float>(c.initial_error_feedback).subspan(std::size_t(rank) * params.size(), params.size()));
-    c.initial_error_feedback = {};
+    std::vector<float> mine(params.size());
+    comm::scatter(comm, rank == 0 ? *c.initial_error_feedback : std::span<const float>(), mine, 0);
+    reducer.restore_error_feedback(mine);
     out.traffic.resume += comm.stats().bytes_sent - before;
   }
   out.buckets = reducer.buckets();
@@ -519,30 +543,18 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const auto before = comm.stats().bytes_sent;
       const std::size_t n = std::size_t(comm.size()), P = params.size();
       std::vector<float> whole_state, replica_buffers, error_feedback;
-      if (sharded) {  // the whole optimizer state: every replica's shard of each slot
-        // Shards differ in size by up to one element a bucket: each travels
-        // padded to the largest.
-        std::vector<std::vector<ddp::GradRange>> ranges;
-        std::size_t widest = 0;
-        for (int r = 0; r < comm.size(); ++r) {
-          ranges.push_back(ddp::owned_ranges(reducer.buckets(), r, comm.size()));
-          std::size_t numel = 0;
-          for (const auto& g : ranges.back()) numel += g.numel;
-          widest = std::max(widest, numel);
-        }
-        const std::size_t slots = optimizer->slot_names().size(), mine = optimizer->state().size() / slots;
-        std::vector<float> padded(widest), shards(rank == 0 ? n * widest : 0);
+      if (sharded) {  // the whole optimizer state: every replica's shard of each slot, padded
+        const ShardLayout shards(reducer.buckets(), comm.size());
+        const std::size_t slots = optimizer->slot_names().size();
+        const std::size_t mine = slots == 0 ? 0 : optimizer->state().size() / slots;
+        std::vector<float> block(shards.widest), blocks(rank == 0 ? n * shards.widest : 0);
         if (rank == 0) whole_state.resize(slots * P);
         for (std::size_t k = 0; k < slots; ++k) {
-          const auto slot = optimizer->state().subspan(k * mine, mine);
-          std::copy(slot.begin(), slot.end(), padded.begin());
-          comm::gather(comm, padded, shards, 0);
-          for (int r = 0; rank == 0 && r < comm.size(); ++r) {  // replica r's shard: its ranges, in order
-            auto from = shards.begin() + std::ptrdiff_t(std::size_t(r) * widest);
-            for (const auto& g : ranges[std::size_t(r)]) {
-              std::copy_n(from, g.numel, whole_state.begin() + std::ptrdiff_t(k * P + g.offset));
-              from += std::ptrdiff_t(g.numel);
-            }
+          std::copy_n(optimizer->state().begin() + std::ptrdiff_t(k * mine), mine, block.begin());
+          comm::gather(comm, block, blocks, 0);
+          for (int r = 0; rank == 0 && r < comm.size(); ++r) {
+            shards.unpack(std::span(blocks).subspan(std::size_t(r) * shards.widest, shards.widest), r,
+                          std::span(whole_state).subspan(k * P, P));
           }
         }
       }

@@ -341,11 +341,12 @@ void check_checkpointing(const TrainConfig& c, const nn::Model& probe) {
   const bool local_buffers = !probe.buffer_layout().tensors().empty() && c.bn_stats == BnStats::Local &&
                              !c.deterministic && c.replicas > 1;
   const bool bf16 = c.compression == ddp::Compression::Bf16;
-  const auto check = [&](const std::vector<float>& v, bool kept, std::size_t per_replica, const char* name,
-                         const char* why) {
+  const auto check = [&](const std::shared_ptr<const std::vector<float>>& v, bool kept, std::size_t per_replica,
+                         const char* name, const char* why) {
     const std::size_t want = kept && c.initial_optimizer_state ? per_replica * std::size_t(c.replicas) : 0;
-    if (v.size() == want) return;
-    throw InvalidArgument(std::string("--resume: ") + name + " holds " + std::to_string(v.size()) + " values, but " +
+    const std::size_t have = v ? v->size() : 0;
+    if (have == want) return;
+    throw InvalidArgument(std::string("--resume: ") + name + " holds " + std::to_string(have) + " values, but " +
                           (want == 0 ? std::string("this run keeps none") :
                                        "this run needs " + std::to_string(per_replica) + " for each of " +
                                            std::to_string(c.replicas) + " replicas") +

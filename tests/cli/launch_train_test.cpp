@@ -505,7 +505,8 @@ TEST_F(LaunchTrain, RanksWithOtherInputsOrProgressIntervalsRefuseToStart) {
       {{"--normalize"}, "training inputs (the image files, --normalize)"},
       {{"--log-every", "5"}, "--log-every"},
   };
-  for (const auto& [flag, field] : cases) {
+  for (const auto& [flag_, field] : cases) {
+    const auto& flag = flag_;  // a lambda captures it (clang 14 cannot capture a binding)
     SCOPED_TRACE(flag[0]);
     auto ranks = start_two_ranks(data, run_dir("handshake_flags" + flag[0]), [&](int r, std::vector<std::string>& extra) {
       if (r == 0) extra.insert(extra.end(), flag.begin(), flag.end());
@@ -596,7 +597,9 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
     kill(run.pid(), SIGINT);
     EXPECT_EQ(run.wait(), 130) << run.err();
     EXPECT_NE(run.err().find("interrupted; stopping at the next progress point"), std::string::npos) << run.err();
-    if (launched) EXPECT_NE(run.last_err_line().find("interrupted by signal 2 (SIGINT)"), std::string::npos) << run.err();
+    if (launched) {
+      EXPECT_NE(run.last_err_line().find("interrupted by signal 2 (SIGINT)"), std::string::npos) << run.err();
+    }
     ASSERT_TRUE(fs::exists(dir / "w.st"));
     const auto report = nlohmann::json::parse(read_file(dir / "r.json"));
     EXPECT_TRUE(report["stopped_early"].get<bool>());

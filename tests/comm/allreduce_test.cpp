@@ -24,7 +24,8 @@ struct GridCase {
 class AllreduceGrid : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(AllreduceGrid, ClosedFormAndBitwiseIdenticalOnAllRanks) {
-  const auto [algorithm, op] = GetParam();
+  const Algorithm algorithm = GetParam().algorithm;  // (not a structured binding: lambdas capture these)
+  const ReduceOp op = GetParam().op;
   for (int n = 1; n <= 9; ++n) {
     for (std::size_t count : closed_form::allreduce_counts(n)) {
       std::vector<std::vector<float>> results(n);

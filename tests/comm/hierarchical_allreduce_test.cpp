@@ -142,8 +142,9 @@ TEST(Hierarchical, FewerBytesCrossNodesThanTheRing) {
   const int n = 8, g = 2, m = 4;
   const std::size_t count = 8 * 1000;  // divides evenly: exact byte counts
   const double p = double(count * sizeof(float));
-  for (auto [algorithm, per_node_bytes] :
+  for (const auto& [algorithm_, per_node_bytes] :
        {std::pair{Algorithm::Ring, 2 * p * (n - 1) / n}, {Algorithm::Hierarchical, 2 * p * (m - 1) / m}}) {
+    const Algorithm algorithm = algorithm_;  // a lambda captures it (clang 14 cannot capture a binding)
     auto cross = std::make_shared<std::atomic<std::uint64_t>>(0);
     rethrow_first(run_group(counted(n, g, cross), [&](Communicator& comm) {
       auto data = testing::closed_form::inputs(comm.rank(), count);

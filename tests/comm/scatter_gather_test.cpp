@@ -86,6 +86,35 @@ TEST(Gather, TheRootGetsEveryBlockInRankOrder) {
   for (const auto& e : errors) EXPECT_TRUE(e != nullptr);
 }
 
+// Scatter from every root: each rank gets its own block, the root's input
+// is not changed, and only the root sends data.
+TEST(Scatter, EachRankGetsItsBlock) {
+  for (int n = 1; n <= 9; ++n) {
+    for (int root = 0; root < n; ++root) {
+      for (std::size_t block : closed_form::all_gather_blocks()) {
+        rethrow_first(run_ranks(n, [&](Communicator& comm) {
+          std::vector<float> in;
+          if (comm.rank() == root)
+            for (std::size_t i = 0; i < block * n; ++i) in.push_back(closed_form::all_gather_expected(block, i));
+          std::vector<float> out(block, -1.0f);
+          const auto sent = comm.stats().bytes_sent;
+          scatter(comm, in, out, root);
+          for (std::size_t i = 0; i < block; ++i)
+            ASSERT_EQ(out[i], float(comm.rank() * 10)) << "n=" << n << " root=" << root << " i=" << i;
+          const auto data_bytes = comm.stats().bytes_sent - sent;
+          if (comm.rank() != root) EXPECT_LT(data_bytes, 256u) << "a non-root sent data";
+          else EXPECT_GE(data_bytes, (n - 1) * block * sizeof(float));
+        }));
+      }
+    }
+  }
+  const auto errors = run_ranks(3, [](Communicator& comm) {
+    std::vector<float> in(comm.rank() == 1 ? 5 : 0), out(2);
+    scatter(comm, in, out, 1);
+  });
+  for (const auto& e : errors) EXPECT_TRUE(e != nullptr);
+}
+
 // The in-place halves (ZeRO-1), on both paths: the threads backend's shared
 // memory, and the ring over point-to-point messages only.
 struct InPlacePath {

@@ -76,7 +76,8 @@ TEST(Handshake, OneReplicaWithAnotherConfigRefusesToStart) {
       {"--log-every", [](TrainConfig& c) { c.log_every = 3; }},
       {"test evaluation", [](TrainConfig& c) { c.evaluate = !c.evaluate; }},
   };
-  for (const auto& [field, perturb] : cases) {
+  for (const auto& [field, perturb_] : cases) {
+    const auto& perturb = perturb_;  // a lambda captures it (clang 14 cannot capture a binding)
     TrainHooks hooks;
     hooks.on_replica_config = [&](int rank, TrainConfig& c) {
       if (rank == 2) perturb(c);

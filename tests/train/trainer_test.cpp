@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "lockstep/error.h"
+#include "lockstep/nn/safetensors.h"
 #include "lockstep/train/checkpoint.h"
 #include "synthetic_data.h"
 
@@ -355,14 +356,64 @@ TEST(Resume, StateThatDiffersByReplicaResumesAsTheUnbrokenRun) {
     // checkpoint cannot resume the run: refused, not resumed with zeros.
     if (!mid.replica_buffers.empty() || !mid.error_feedback.empty()) {
       auto missing = resumed;
-      missing.initial_replica_buffers.clear();
-      missing.initial_error_feedback.clear();
+      missing.initial_replica_buffers = nullptr;
+      missing.initial_error_feedback = nullptr;
       missing.initial_params = mid.params;
       missing.initial_optimizer_state = mid.state;
       EXPECT_THROW(train(missing, data), InvalidArgument);
     }
   }
   std::filesystem::remove(path);
+}
+
+// A checkpoint whose per-replica part is damaged is refused, naming what is
+// wrong: a tensor missing from one replica's part, a stray tensor, or a
+// replica's part missing whole (IoError, as for other damaged files).
+TEST(Resume, ADamagedPerReplicaPartIsNamed) {
+  const auto data = synthetic_data(512);
+  auto c = small_config(2, 16);
+  c.steps = 8;
+  c.compression = ddp::Compression::Bf16;
+  c.checkpoint_every = 4;
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_damaged_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint& cp) {
+    if (cp.steps_done == 4) save_checkpoint(dir / "good.st", cp, trajectory_fields(c, data), "mlp");
+  };
+  train(c, data, hooks);
+  const auto good = nn::load_safetensors(dir / "good.st");
+  // `good` less the tensors `drop` names, plus a stray one if `stray` is given.
+  const auto write = [&](const std::string& name, const std::function<bool(const std::string&)>& drop,
+                         const std::string& stray = "") {
+    std::vector<nn::TensorRef> refs;
+    for (const auto& t : good.tensors)
+      if (!drop(t.name)) refs.push_back({t.name, t.shape, t.data});
+    const std::vector<float> one = {0.5f};
+    if (!stray.empty()) refs.push_back({stray, {1}, one});
+    nn::save_safetensors(dir / name, refs, good.metadata);
+    return dir / name;
+  };
+  const auto refused = [&](const std::filesystem::path& path, const std::string& want) {
+    try {
+      auto resumed = c;
+      resume_from(resumed, data, load_checkpoint(path, c, data));
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(write("one_missing.st", [](const std::string& n) { return n == "error_feedback.1.0.weight"; }),
+          "tensor 'error_feedback.1.0.weight' [64, 48] is missing");
+  refused(write("stray.st", [](const std::string&) { return false; }, "error_feedback.0.nope"),
+          "tensor 'error_feedback.0.nope' is not part of this model");
+  refused(write("replica_gone.st", [](const std::string& n) { return n.rfind("error_feedback.1.", 0) == 0; }),
+          "holds 'error_feedback.<r>.*' rounding errors for 1 replicas, but the run that wrote it (--compress bf16, "
+          "2 replicas) writes them for each; the file is damaged");
+  auto plain = c;  // the same file is fine
+  resume_from(plain, data, load_checkpoint(dir / "good.st", c, data));
+  EXPECT_EQ(plain.initial_error_feedback->size(), 2 * plain.initial_params->size());
+  std::filesystem::remove_all(dir);
 }
 
 // A checkpoint keeps rank 0's state as everyone's, so the replicas are

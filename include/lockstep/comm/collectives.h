@@ -90,6 +90,11 @@ void all_gather(Communicator& comm, std::span<const float> in, std::span<float> 
 // each rank but the root.
 void gather(Communicator& comm, std::span<const float> in, std::span<float> out, int root);
 
+// The mirror: the root's `in` (N x out.size()) holds every rank's block,
+// and rank i's `out` receives block i. The others' `in` is not used (it may
+// be empty). One round: out bytes sent by the root to each other rank.
+void scatter(Communicator& comm, std::span<const float> in, std::span<float> out, int root);
+
 // The two halves of the all-reduce, in place, for sharded training (ZeRO-1,
 // docs/design.md). `data` (the same count on every rank) is cut into N chunks
 // as the ring cuts it (chunk i = [i*count/N, (i+1)*count/N)), and rank r owns

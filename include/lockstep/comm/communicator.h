@@ -76,7 +76,7 @@ struct CommStats {
 // What a collective call is, as every rank must agree on it. Every
 // collective carries one and checks it against the other ranks' before it
 // moves any data; a mismatch aborts the group with both sides named.
-enum class CollectiveKind : std::uint32_t { Allreduce = 1, Broadcast, Barrier, ReduceScatter, AllGather, Gather };
+enum class CollectiveKind : std::uint32_t { Allreduce = 1, Broadcast, Barrier, ReduceScatter, AllGather, Gather, Scatter };
 enum class DataType : std::uint32_t { Float32 = 1, Bytes, BFloat16 };
 
 struct Fingerprint {

@@ -40,6 +40,7 @@ struct LoadedCheckpoint {
   // initial_error_feedback: empty unless the writer kept them.
   std::vector<float> replica_buffers, error_feedback;
   std::vector<std::pair<std::string, std::string>> fields;  // the writer's trajectory_fields()
+  std::filesystem::path path;  // the file it was read from, for resume_from's messages
 };
 
 // Reads a checkpoint of the model `config` describes. IoError names the file
@@ -56,7 +57,9 @@ LoadedCheckpoint load_checkpoint_weights(const std::filesystem::path& path, cons
 // Sets config to go on from `checkpoint` (start_step, initial_params,
 // initial_buffers, initial_optimizer_state, initial_optimizer_steps), after
 // checking that this run's trajectory_fields() are the writer's: otherwise
-// InvalidArgument names the first that differs, with both values.
+// InvalidArgument names the first that differs, with both values. IoError if
+// the state that differs by replica is not there for each of this run's
+// replicas (with the same fields, only a damaged file lacks it).
 // `transport` as trajectory_fields() takes it.
 void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint checkpoint,
                  const std::string& transport = "threads");

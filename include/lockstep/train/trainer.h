@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -134,8 +135,10 @@ struct TrainConfig {
   // State that differs by replica, replica r's at [r x size, (r+1) x size):
   // --bn-stats local's buffers (replicas x buffer floats; rank 0's are also
   // initial_buffers) and --compress bf16's rounding error carried to the
-  // next step (replicas x P). Needed to resume those runs; empty otherwise.
-  std::vector<float> initial_replica_buffers, initial_error_feedback;
+  // next step (replicas x P). Needed to resume those runs; null otherwise.
+  // Shared, not copied, by the replicas' copies of the config (replicas x
+  // replicas x P would not fit); rank 0's is scattered, one part to each.
+  std::shared_ptr<const std::vector<float>> initial_replica_buffers, initial_error_feedback;
   // TrainHooks::on_checkpoint every this many steps (0: at epoch ends only),
   // and always at each epoch's end and the run's last step.
   std::int64_t checkpoint_every = 0;
