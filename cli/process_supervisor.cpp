@@ -1,10 +1,10 @@
 // The supervisor's loop, in order:
-//   1. signal handlers first (SIGCHLD, SIGINT, SIGTERM, SIGHUP write their number to
+//   1. signal handlers first (SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1 write their number to
 //      a self-pipe), then fork+exec each child with all signals blocked
 //      until its exec, its output on two pipes and PR_SET_PDEATHSIG set;
 //   2. poll the children's pipes and the self-pipe (1 s at most per wait):
 //      relay whole lines, reap children on SIGCHLD, forward SIGINT/SIGTERM/
-//      SIGHUP (a closed terminal or a dropped ssh session: the ranks get the
+//      SIGHUP/SIGUSR1 (a closed terminal or a dropped ssh session: the ranks get the
 //      grace too, and the launcher removes its rendezvous directory);
 //   3. on the first failure, SIGTERM the rest (after a moment to end on their
 //      own: SupervisorOptions::own_failure_wait); SIGKILL them after the grace;
@@ -143,7 +143,7 @@ struct Exec {
   // Async-signal-safe calls only from here on. Our handlers would write into
   // the supervisor's self-pipe: default actions before any signal is let in
   // (SIGHUP stays ignored under nohup, as the launcher's own is).
-  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
+  for (int sig : {SIGPIPE, SIGCHLD, SIGINT, SIGTERM, SIGUSR1}) signal(sig, SIG_DFL);
   signal(SIGHUP, ignore_hup ? SIG_IGN : SIG_DFL);
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);  // parent already gone
   setpgid(0, group);
@@ -208,7 +208,7 @@ class SignalScope {
   bool hup_ignored() const { return hup_ignored_; }
 
  private:
-  static constexpr std::array<int, 4> kSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+  static constexpr std::array<int, 5> kSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1};
   int read_ = -1;
   bool hup_ignored_ = false;
   std::array<struct sigaction, kSignals.size()> previous_{};
@@ -260,7 +260,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       // train stops at its next progress point, writes its outputs and exits
       // 128 + the signal).
       const bool handled_ours = !e.signaled && e.after_stop &&
-                                (e.value == 128 + SIGINT || e.value == 128 + SIGTERM || e.value == 128 + SIGHUP);
+                                (e.value == 128 + SIGINT || e.value == 128 + SIGTERM || e.value == 128 + SIGHUP ||
+                                 e.value == 128 + SIGUSR1);
       if (!e.failed() || (e.signaled && e.after_stop) || handled_ours) continue;
       const bool consequence = !e.signaled && e.value == options.consequence_exit_code;
       const bool first_was_consequence = result.first_failure && !result.first_failure->signaled &&

@@ -1,5 +1,5 @@
 // Runs a few child processes as one job (`lockstep launch`): relays their
-// output line by line under a label, forwards SIGINT/SIGTERM/SIGHUP to them,
+// output line by line under a label, forwards SIGINT/SIGTERM/SIGHUP/SIGUSR1 to them,
 // and when one fails stops the rest.
 //
 // Contract:
@@ -17,7 +17,7 @@
 //   consequence of another (`consequence_exit_code`), the SIGTERM waits
 //   `grace`: the others are ending on their own, and the one that caused it
 //   gets to say why.
-//   SIGINT/SIGTERM/SIGHUP to the supervisor are forwarded, SIGKILL follows
+//   SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the supervisor are forwarded, SIGKILL follows
 //   after `grace`; a second one sends SIGKILL at once. Under nohup (SIGHUP
 //   ignored) SIGHUP stays ignored, by the supervisor and the children.
 // - supervise() returns once every child has been reaped (no zombies, no
@@ -25,7 +25,7 @@
 //
 // Must be called from the process's main thread (the death signal is tied to
 // the thread that forks). It installs handlers for SIGCHLD, SIGINT, SIGTERM,
-// SIGHUP (unless ignored) and ignores SIGPIPE while it runs, and restores them
+// SIGUSR1, SIGHUP (unless ignored) and ignores SIGPIPE while it runs, and restores them
 // before returning.
 // Throws IoError if a pipe or process cannot be created (after stopping the
 // children already started).
@@ -74,7 +74,7 @@ struct SupervisorOptions {
   // (lockstep launch: rank 0, the only rank that prints results, so that
   // `launch ... --json > out.json` is JSON); -1: every line is prefixed.
   int plain_stdout = -1;
-  // The children stop by themselves on SIGINT, SIGTERM and SIGHUP (lockstep
+  // The children stop by themselves on SIGINT, SIGTERM, SIGHUP and SIGUSR1 (lockstep
   // train: at its next progress point, its outputs written), which may take
   // longer than the grace: after a forwarded signal they get `stop_timeout`
   // before SIGKILL, and a second signal kills them at once. Otherwise SIGKILL
@@ -86,7 +86,7 @@ struct SupervisorOptions {
 struct SupervisorResult {
   std::vector<ChildExit> exits;            // in the order they were reaped
   std::optional<ChildExit> first_failure;  // the failure that stopped the job, if any
-  int forwarded_signal = 0;                // SIGINT or SIGTERM received and forwarded, else 0
+  int forwarded_signal = 0;                // the signal received and forwarded (SIGINT, ...), else 0
   std::vector<ChildExit> stopped;          // children stopped (SIGSTOP) when first_failure came; value: the signal
   std::string lost_output;                 // "standard output (No space left on device)": a relayed line was lost
   bool ok() const { return !first_failure && forwarded_signal == 0; }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "lockstep/error.h"
@@ -20,8 +21,10 @@ std::atomic<std::int64_t> first_at_ms{0};  // CLOCK_MONOTONIC
 std::atomic<bool> announce_first{false};
 std::atomic<bool> on_terminal{false};  // end the progress line (\r-updated) first
 std::atomic<bool> installed{false};
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
-struct sigaction previous[3] = {};
+// SIGUSR1 too: mpirun forwards it to its ranks and lets them end, where it
+// kills them a moment after forwarding SIGINT or SIGTERM.
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+struct sigaction previous[std::size(kSignals)] = {};
 
 // One signal can arrive twice: GNU timeout sends it to its child and then
 // to its own process group, and a terminal's Ctrl-C reaches a whole group.

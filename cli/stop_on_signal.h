@@ -1,4 +1,5 @@
-// SIGINT, SIGTERM and SIGHUP during `lockstep train`: the first asks the trainer to
+// SIGINT, SIGTERM, SIGHUP and SIGUSR1 during `lockstep train` (SIGUSR1: what
+// mpirun forwards without killing the ranks after it): the first asks the trainer to
 // stop at its next progress point (TrainHooks::stop_requested), so that the
 // run ends as at its last step, with --save, --report and the other outputs
 // written; a second ends the process at once (the signal's default action).

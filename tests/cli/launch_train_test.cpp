@@ -583,22 +583,48 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
 // SIGINT to `lockstep train` stops it at the next progress point with its
 // outputs written and exit status 130; alone, and under launch, which
 // forwards it to every rank and calls that an interruption, not a failure.
+// SIGUSR1 does the same (exit status 138): mpirun forwards it and lets the
+// ranks end, where it kills them a moment after forwarding SIGINT.
 // A second SIGINT ends the process at once, writing nothing.
 TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
   const auto data = make_data_dir("interrupt");
-  for (const bool launched : {false, true}) {
-    SCOPED_TRACE(launched ? "launch --nproc 2" : "one process");
-    const auto dir = run_dir(launched ? "interrupt-launch" : "interrupt");
+  enum class Under { Nothing, Launch, Mpirun };
+  struct Case {
+    Under under;
+    int sig;
+    const char* name;
+  };
+  const std::string mpiexec = LOCKSTEP_MPIEXEC;
+  for (const Case k : {Case{Under::Nothing, SIGINT, "interrupt"}, Case{Under::Launch, SIGINT, "interrupt-launch"},
+                       Case{Under::Nothing, SIGUSR1, "usr1"}, Case{Under::Launch, SIGUSR1, "usr1-launch"},
+                       Case{Under::Mpirun, SIGUSR1, "usr1-mpirun"}}) {
+    SCOPED_TRACE(k.name);
+    if (k.under == Under::Mpirun && mpiexec.empty()) continue;  // built without the MPI backend
+    const auto dir = run_dir(k.name);
     auto args = train_args(data, {"--steps", "1000000", "--log-every", "5", "--save", (dir / "w.st").string(),
                                   "--report", (dir / "r.json").string()});
     args.erase(std::find(args.begin(), args.end(), "--quiet"));  // for the progress lines
-    CliRun run(dir, launched ? launch_args(2, args) : args);
+    std::string program = LOCKSTEP_CLI;
+    if (k.under == Under::Launch) args = launch_args(2, args);
+    if (k.under == Under::Mpirun) {
+      for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
+      setenv("OMPI_MCA_btl", "self,vader", 0);
+      setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
+      std::vector<std::string> mpi_args = {"-np", "2", "--oversubscribe", LOCKSTEP_CLI};
+      mpi_args.insert(mpi_args.end(), args.begin(), args.end());
+      mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
+      args = mpi_args;
+      program = mpiexec;
+    }
+    CliRun run(dir, args, program);
     ASSERT_TRUE(run.wait_for_err("step 5/1000000")) << run.err();
-    kill(run.pid(), SIGINT);
-    EXPECT_EQ(run.wait(), 130) << run.err();
+    kill(run.pid(), k.sig);
+    EXPECT_EQ(run.wait(), 128 + k.sig) << run.err();
     EXPECT_NE(run.err().find("interrupted; stopping at the next progress point"), std::string::npos) << run.err();
-    if (launched) {
-      EXPECT_NE(run.last_err_line().find("interrupted by signal 2 (SIGINT)"), std::string::npos) << run.err();
+    if (k.under == Under::Launch) {
+      const std::string said = std::string("interrupted by signal ") + std::to_string(k.sig) + " (SIG" +
+                               (k.sig == SIGINT ? "INT" : "USR1") + ")";
+      EXPECT_NE(run.last_err_line().find(said), std::string::npos) << run.err();
     }
     ASSERT_TRUE(fs::exists(dir / "w.st"));
     const auto report = nlohmann::json::parse(read_file(dir / "r.json"));
