@@ -10,7 +10,9 @@
 // process_supervisor.h. The launcher exits 0 when every rank did; else with
 // the first failed rank's exit code (128 + signal if it was killed), and its
 // last line on stderr names that rank and how it ended.
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,12 +60,24 @@ std::string self_executable() {
 }
 
 // A fresh, empty directory for the file rendezvous; removed when done.
+// Named lockstep-launch-<host>-<pid>-XXXXXX: a launcher killed by SIGKILL
+// cannot remove its own, so each launcher first removes those of this host
+// whose launcher is gone (its pid no longer runs) and that this user owns.
+// Other hosts' (a $TMPDIR shared over the network) are left alone: their
+// pids mean nothing here.
 class TempDir {
  public:
   TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/lockstep-launch-XXXXXX";
+    const char* env = std::getenv("TMPDIR");
+    const std::string base = env != nullptr && *env != '\0' ? env : "/tmp";
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    std::string name = host;
+    for (char& ch : name)  // a file name's part: no separators
+      if (ch == '/' || ch == '-') ch = '_';
+    const std::string prefix = "lockstep-launch-" + name + "-";
+    sweep(base, prefix);
+    std::string tmpl = base + "/" + prefix + std::to_string(getpid()) + "-XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) {
       throw IoError("launch: cannot create a rendezvous directory under " + tmpl.substr(0, tmpl.rfind('/')) +
                     ": " + std::strerror(errno));
@@ -79,6 +93,24 @@ class TempDir {
   const std::string& path() const { return path_; }
 
  private:
+  // Removes base/prefix<pid>-* directories of ours whose pid no longer runs.
+  static void sweep(const std::string& base, const std::string& prefix) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
+      const std::string file = entry.path().filename().string();
+      if (file.rfind(prefix, 0) != 0) continue;
+      const std::size_t dash = file.find('-', prefix.size());
+      if (dash == std::string::npos || dash == prefix.size()) continue;
+      const std::string digits = file.substr(prefix.size(), dash - prefix.size());
+      if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      struct stat st {};
+      if (lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
+      const pid_t pid = static_cast<pid_t>(std::stol(digits));
+      if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to tell
+      std::error_code ignored;
+      std::filesystem::remove_all(entry.path(), ignored);
+    }
+  }
   std::string path_;
 };
 

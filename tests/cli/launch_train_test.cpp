@@ -384,8 +384,14 @@ TEST_F(LaunchTrain, AStoppedRankIsNamedWhenTheOthersTimeOut) {
 }
 
 // The launcher itself is SIGKILLed: its ranks die with it (PR_SET_PDEATHSIG).
+// It cannot remove its rendezvous directory; the next launch on the host
+// does, and leaves a live launcher's alone.
 TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   const auto data = make_data_dir("orphans");
+  const auto tmp = run_dir("orphans-tmpdir");
+  const char* was = std::getenv("TMPDIR");
+  const std::string saved = was != nullptr ? was : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
   CliRun r(run_dir("orphans"), launch_args(2, train_args(data, {"--steps", "1000000"})));
   ASSERT_TRUE(r.wait_for_err("), pids ")) << r.err();
   const auto pids = r.rank_pids();
@@ -393,13 +399,24 @@ TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   kill(r.pid(), SIGKILL);
   EXPECT_EQ(r.wait(), 128 + SIGKILL);
   EXPECT_TRUE(all_gone(pids, std::chrono::seconds(20))) << "ranks outlived the launcher";
-  // A SIGKILLed launcher cannot remove its rendezvous directory: the test does.
   const std::string err = r.err();
   const auto at = err.find("rendezvous file:");
   ASSERT_NE(at, std::string::npos) << err;
   const std::string dir = err.substr(at + 16, err.find(')', at) - at - 16);
   ASSERT_NE(dir.find("lockstep-launch-"), std::string::npos) << dir;
+  EXPECT_TRUE(fs::exists(dir));
+  // A directory named for a launcher that still runs (this test's pid).
+  const auto suffix = dir.rfind('-'), pid_at = dir.rfind('-', suffix - 1) + 1;  // ...-<pid>-XXXXXX
+  const std::string live = dir.substr(0, pid_at) + std::to_string(::getpid()) + dir.substr(suffix);
+  fs::create_directories(live);
+  CliRun next(run_dir("orphans-next"), launch_args(2, train_args(data, {"--steps", "1"})));
+  EXPECT_EQ(next.wait(), 0) << next.err();
+  if (saved.empty()) unsetenv("TMPDIR");
+  else setenv("TMPDIR", saved.c_str(), 1);
+  EXPECT_FALSE(fs::exists(dir)) << "the killed launcher's rendezvous directory is still there";
+  EXPECT_TRUE(fs::exists(live)) << "a live launcher's directory was removed: " << live;
   fs::remove_all(dir);
+  fs::remove_all(live);
 }
 
 // --trace and --timeline-svg over processes draw every rank, not rank 0
