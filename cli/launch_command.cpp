@@ -10,8 +10,10 @@
 // process_supervisor.h. The launcher exits 0 when every rank did; else with
 // the first failed rank's exit code (128 + signal if it was killed), and its
 // last line on stderr names that rank and how it ended.
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,9 +64,11 @@ std::string self_executable() {
 // A fresh, empty directory for the file rendezvous; removed when done.
 // Named lockstep-launch-<host>-<pid>-XXXXXX: a launcher killed by SIGKILL
 // cannot remove its own, so each launcher first removes those of this host
-// whose launcher is gone (its pid no longer runs) and that this user owns.
-// Other hosts' (a $TMPDIR shared over the network) are left alone: their
-// pids mean nothing here.
+// whose launcher is gone and that this user owns. Gone: its pid no longer
+// runs, and no one holds the flock the launcher keeps on its directory (a
+// launcher in another pid namespace that shares /tmp and the host name
+// looks dead by its pid alone). Other hosts' (a $TMPDIR shared over the
+// network) are left alone.
 class TempDir {
  public:
   TempDir() {
@@ -83,10 +87,13 @@ class TempDir {
                     ": " + std::strerror(errno));
     }
     path_ = tmpl;
+    lock_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // not inherited by the ranks
+    if (lock_ >= 0) ::flock(lock_, LOCK_EX | LOCK_NB);
   }
   ~TempDir() {
     std::error_code ignored;  // destructors never throw
     std::filesystem::remove_all(path_, ignored);
+    if (lock_ >= 0) ::close(lock_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -107,11 +114,17 @@ class TempDir {
       if (lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
       const pid_t pid = static_cast<pid_t>(std::stol(digits));
       if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to tell
-      std::error_code ignored;
-      std::filesystem::remove_all(entry.path(), ignored);
+      const int fd = ::open(entry.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its launcher no longer holds it
+        std::error_code ignored;
+        std::filesystem::remove_all(entry.path(), ignored);
+      }
+      ::close(fd);
     }
   }
   std::string path_;
+  int lock_ = -1;
 };
 
 std::string seconds_text(double s) {

@@ -498,8 +498,15 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                           std::to_string(steps) + "; give --steps 2 or more.");
   }
   if (f.resume) {
-    train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
+    try {
+      train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
+    } catch (const IoError& e) {  // a damaged file, named; say which flag gave it, as when it was read
+      throw IoError(std::string("--resume: ") + e.what());
+    }
     f.resume.reset();
+    // Over processes only rank 0's per-replica parts are read (it scatters
+    // them): the others need not hold N of them each.
+    if (!rank0) c.initial_replica_buffers = c.initial_error_feedback = nullptr;
   }
   check_timeline_step(f, data);
   if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
@@ -674,7 +681,7 @@ Action add_train_command(CLI::App& app) {
                   "drop it, or pad the shards to equal size and mask the padding")
       ->check(CLI::IsMember({"weighted", "drop", "pad"}));
   cmd->add_option("--bn-stats", flags->bn_stats,
-                  "Batch norm running statistics: local (each replica its own, never communicated) or sync "
+                  "Batch norm running statistics: local (each replica its own, never averaged) or sync "
                   "(the replicas' updates averaged every step, so all hold the same)")
       ->check(CLI::IsMember({"local", "sync"}));
   cmd->add_flag("--deterministic", c.deterministic,

@@ -10,9 +10,11 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "lockstep/error.h"
 #include "lockstep/nn/safetensors.h"
+#include "replica.h"
 
 namespace lockstep::train {
 namespace {
@@ -155,13 +157,18 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
   for (const auto& d : file.tensors) by_name[d.name] = &d;
   std::size_t used = 0;
   // Each tensor of `layout` under prefix + its name, into `into` at its offset.
-  const auto read = [&](const nn::Layout& layout, const std::string& prefix, std::span<float> into) {
+  // A tensor missing from a replica's part (`part_of_replica`) means damage:
+  // the part's first tensor was there.
+  const auto read = [&](const nn::Layout& layout, const std::string& prefix, std::span<float> into,
+                        bool part_of_replica = false) {
     for (const auto& t : layout.tensors()) {
       const auto it = by_name.find(prefix + t.name);
       if (it == by_name.end()) {
-        throw IoError(path.string() + ": tensor '" + prefix + t.name + "' " + shape_text(t.shape) +
-                      " is missing; the checkpoint is of another model or optimizer (--model, --hidden, "
-                      "--optimizer).");
+        throw IoError(path.string() + ": tensor '" + prefix + t.name + "' " + shape_text(t.shape) + " is missing; " +
+                      (part_of_replica ? "each replica's part holds every tensor, so the file is damaged. Resume "
+                                         "from an earlier one."
+                                       : "the checkpoint is of another model or optimizer (--model, --hidden, "
+                                         "--optimizer)."));
       }
       if (it->second->shape != t.shape) {
         throw IoError(path.string() + ": tensor '" + prefix + t.name + "' has shape " +
@@ -189,8 +196,10 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
     read(model->layout(), kOptimizerPrefix + slots[s] + ".",
          std::span(out.optimizer_state).subspan(s * model->layout().numel(), model->layout().numel()));
   }
-  // Per-replica state: replicas 0 .. the highest the file names, each whole
-  // (a missing tensor is named); resume_from compares the count with the run's.
+  // Per-replica state: replicas 0, 1, ... for as long as the file names a
+  // tensor of the next one, each read whole (a missing tensor is named); any
+  // other tensor under the prefix is named below. resume_from compares the
+  // count with the run's replicas.
   const auto replica_of = [](const std::string& name, const char* prefix) -> std::optional<std::size_t> {
     const std::string p = prefix;
     if (name.rfind(p, 0) != 0) return std::nullopt;
@@ -201,13 +210,14 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
     return r;
   };
   const auto read_per_replica = [&](const char* prefix, const nn::Layout& layout, std::vector<float>& into) {
-    std::size_t count = 0;
-    for (const auto& d : file.tensors)
-      if (const auto r = replica_of(d.name, prefix)) count = std::max(count, *r + 1);
     if (!optimizer_too || layout.tensors().empty()) return;
-    for (std::size_t r = 0; r < count; ++r) {  // grown replica by replica: a stray high number is a missing tensor
+    std::set<std::size_t> named;
+    for (const auto& d : file.tensors)
+      if (const auto r = replica_of(d.name, prefix)) named.insert(*r);
+    for (std::size_t r = 0; named.contains(r); ++r) {
       into.resize((r + 1) * layout.numel());
-      read(layout, per_replica(prefix, r), std::span(into).subspan(r * layout.numel(), layout.numel()));
+      read(layout, per_replica(prefix, r), std::span(into).subspan(r * layout.numel(), layout.numel()),
+           /*part_of_replica=*/true);
     }
   };
   read_per_replica(kReplicaPrefix, model->buffer_layout(), out.replica_buffers);
@@ -230,6 +240,16 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
                          std::any_of(slots.begin(), slots.end(), [&](const std::string& s) {
                            return d.name.rfind(kOptimizerPrefix + s + ".", 0) == 0;
                          });
+      if (!known && optimizer_too &&
+          (d.name.rfind(kReplicaPrefix, 0) == 0 || d.name.rfind(kErrorFeedbackPrefix, 0) == 0)) {
+        const bool buffers = d.name.rfind(kReplicaPrefix, 0) == 0;
+        const std::size_t parts = (buffers ? out.replica_buffers.size() : out.error_feedback.size()) /
+                                  std::max<std::size_t>(1, (buffers ? model->buffer_layout() : model->layout()).numel());
+        throw IoError(path.string() + ": tensor '" + d.name + "' does not belong to the per-replica state the file " +
+                      "holds (" + (parts == 0 ? std::string("none") : "replicas 0 to " + std::to_string(parts - 1)) +
+                      ", each with every " + (buffers ? "buffer" : "parameter") +
+                      " of the model); the file is damaged. Resume from an earlier one.");
+      }
       if (!known) {
         throw IoError(path.string() + ": tensor '" + d.name +
                       "' is not part of this model or optimizer; the checkpoint is of another run (--model, "
@@ -271,26 +291,15 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
                           "); for its weights, use --init.");
   }
   // Each replica's part of what the replicas hold differently, for as many
-  // replicas as this run has (the same as the writer's, by now).
+  // replicas as this run has: the settings are the writer's by now, so a
+  // part missing (or one too many) means a damaged file.
   const auto model = make_model(config, data.train.features, data.train.num_classes);
-  const auto check_parts = [&](const std::vector<float>& parts, bool kept, std::size_t per_replica,
-                               const char* names, const char* writer) {
-    const std::size_t want = kept ? per_replica * std::size_t(config.replicas) : 0;
-    if (parts.size() == want) return;
-    const std::size_t have = per_replica == 0 ? 0 : parts.size() / per_replica;
-    throw IoError(cp.path.string() + ": the checkpoint holds " + names + " for " + std::to_string(have) +
-                  " replicas, but " +
-                  (kept ? "the run that wrote it (" + std::string(writer) + ", " + std::to_string(config.replicas) +
-                              " replicas) writes them for each"
-                        : std::string("a run with its settings writes none")) +
-                  "; the file is damaged. Resume from an earlier one.");
-  };
-  const bool local_buffers = !model->buffer_layout().tensors().empty() && config.bn_stats == BnStats::Local &&
-                             !config.deterministic && config.replicas > 1;
-  check_parts(cp.replica_buffers, local_buffers, model->buffer_layout().numel(), "'replica.<r>.*' statistics",
-              "--bn-stats local");
-  check_parts(cp.error_feedback, config.compression == ddp::Compression::Bf16, model->layout().numel(),
-              "'error_feedback.<r>.*' rounding errors", "--compress bf16");
+  const std::string wrong =
+      detail::replica_parts_mismatch(config, *model, cp.replica_buffers.size(), cp.error_feedback.size());
+  if (!wrong.empty()) {
+    throw IoError(cp.path.string() + ": the checkpoint holds " + wrong +
+                  ", as the run that wrote it did; the file is damaged. Resume from an earlier one.");
+  }
   config.start_step = cp.steps_done;
   config.initial_params = std::move(cp.params);
   if (!cp.buffers.empty()) config.initial_buffers = std::move(cp.buffers);  // a model without buffers: none

@@ -113,7 +113,8 @@ struct ShardLayout {
 
 ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const int rank = comm.rank();
-  TrainConfig c = s.config;  // this replica's own copy: the handshake compares them
+  TrainConfig c = s.settings;  // this replica's own copy: the handshake compares them
+  const TrainConfig& from = s.config;  // the starting state (initial_*), shared
   if (s.hooks.on_replica_config) s.hooks.on_replica_config(rank, c);
   const data::Dataset& train = s.data.train;
   ReplicaOutput out;
@@ -156,9 +157,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // Weights: made once on rank 0, broadcast once, verified, never exchanged again.
   if (rank == 0) {
     model->init(c.seed);  // the buffers' defaults (running variance 1) under --init too
-    if (c.initial_params) std::memcpy(params.data(), c.initial_params->data(), params.size_bytes());
-    if (c.initial_buffers && !c.initial_buffers->empty())  // (an empty vector's data() may be null)
-      std::memcpy(model->buffers().data(), c.initial_buffers->data(), model->buffers().size_bytes());
+    if (from.initial_params) std::memcpy(params.data(), from.initial_params->data(), params.size_bytes());
+    if (from.initial_buffers && !from.initial_buffers->empty())  // (an empty vector's data() may be null)
+      std::memcpy(model->buffers().data(), from.initial_buffers->data(), model->buffers().size_bytes());
   }
   auto before_setup = comm.stats().bytes_sent;
   comm::broadcast(comm, params, 0);
@@ -169,10 +170,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // weights (broadcast whole, or under --zero 1 scattered, each replica its
   // shard), each replica's own part of what the replicas hold differently,
   // and the count of updates, which every rank's config holds.
-  if (c.initial_optimizer_state) {
+  if (from.initial_optimizer_state) {
     const auto before = comm.stats().bytes_sent;
     if (!sharded) {
-      if (rank == 0) optimizer->restore(*c.initial_optimizer_state, c.initial_optimizer_steps);
+      if (rank == 0) optimizer->restore(*from.initial_optimizer_state, c.initial_optimizer_steps);
       comm::broadcast(comm, optimizer->state(), 0);
       if (rank != 0) optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
     } else {  // --zero 1: rank 0 scatters the whole state, slot by slot, each replica its own shard
@@ -182,7 +183,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       std::vector<float> block(shards.widest), blocks(rank == 0 ? std::size_t(comm.size()) * shards.widest : 0);
       for (std::size_t k = 0; k < slots; ++k) {
         for (int r = 0; rank == 0 && r < comm.size(); ++r) {
-          shards.pack(std::span<const float>(*c.initial_optimizer_state).subspan(k * P, P), r,
+          shards.pack(std::span<const float>(*from.initial_optimizer_state).subspan(k * P, P), r,
                       std::span(blocks).subspan(std::size_t(r) * shards.widest, shards.widest));
         }
         comm::scatter(comm, blocks, block, 0);
@@ -190,11 +191,11 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       }
       optimizer->restore(optimizer->state(), c.initial_optimizer_steps);
     }
-    c.initial_optimizer_state.reset();  // this replica's copy is not needed again
-    // --bn-stats local: every replica's own statistics, replica r's at r x B on rank 0.
-    if (c.initial_replica_buffers) {
+    // --bn-stats local: every replica's own statistics, replica r's at r x B
+    // on rank 0 (train() checked them there; the other ranks' are not read).
+    if (replicas_keep_own_buffers(c, *model)) {
       const auto buffers = model->buffers();
-      comm::scatter(comm, rank == 0 ? *c.initial_replica_buffers : std::span<const float>(), buffers, 0);
+      comm::scatter(comm, rank == 0 ? *from.initial_replica_buffers : std::span<const float>(), buffers, 0);
     }
     out.traffic.resume = comm.stats().bytes_sent - before;
   }
@@ -218,10 +219,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         .shard = sharded});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   // --compress bf16, resumed: every replica's own rounding error, replica r's at r x P.
-  if (c.initial_error_feedback) {
+  if (from.initial_optimizer_state && c.compression == ddp::Compression::Bf16) {
     const auto before = comm.stats().bytes_sent;
     std::vector<float> mine(params.size());
-    comm::scatter(comm, rank == 0 ? *c.initial_error_feedback : std::span<const float>(), mine, 0);
+    comm::scatter(comm, rank == 0 ? *from.initial_error_feedback : std::span<const float>(), mine, 0);
     reducer.restore_error_feedback(mine);
     out.traffic.resume += comm.stats().bytes_sent - before;
   }
@@ -245,7 +246,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   Recorder recorder(out.recorded_timeline, rank, s.t0);
   auto buffers = model->buffers();
   const bool sync_buffers = c.bn_stats == BnStats::Sync && !buffers.empty() && !c.deterministic;
-  const bool local_buffers = c.bn_stats == BnStats::Local && !buffers.empty() && !c.deterministic && comm.size() > 1;
+  const bool local_buffers = replicas_keep_own_buffers(c, *model);
   std::vector<float> buffers_at_step(c.deterministic || sync_buffers ? buffers.size() : 0);
   std::vector<float> buffer_update(sync_buffers ? buffers.size() : 0);
   std::vector<float> atom_vector(c.deterministic ? params.size() + 1 + buffers.size() : 0);
@@ -593,6 +594,41 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();
   return out;
+}
+
+bool replicas_keep_own_buffers(const TrainConfig& config, const nn::Model& model) {
+  return !model.buffer_layout().tensors().empty() && config.bn_stats == BnStats::Local && !config.deterministic &&
+         config.replicas > 1;
+}
+
+std::string replica_parts_mismatch(const TrainConfig& config, const nn::Model& model, std::size_t replica_buffers,
+                                   std::size_t error_feedback) {
+  const auto check = [&](std::size_t floats, bool kept, std::size_t per_replica, const char* names,
+                         const char* setting) -> std::string {
+    const std::size_t want = kept ? per_replica * std::size_t(config.replicas) : 0;
+    if (floats == want) return "";
+    const std::size_t have = per_replica == 0 ? 0 : floats / per_replica;
+    return std::string(names) + " for " + std::to_string(have) + " replicas, but " +
+           (kept ? "a run with " + std::string(setting) + " and " + std::to_string(config.replicas) +
+                       " replicas keeps them for each"
+                 : "a run with these settings keeps none");
+  };
+  auto wrong = check(replica_buffers, replicas_keep_own_buffers(config, model), model.buffer_layout().numel(),
+                     "'replica.<r>.*' batch-norm statistics", "--bn-stats local");
+  if (wrong.empty()) {
+    wrong = check(error_feedback, config.compression == ddp::Compression::Bf16, model.layout().numel(),
+                  "'error_feedback.<r>.*' rounding errors", "--compress bf16");
+  }
+  return wrong;
+}
+
+TrainConfig without_starting_state(const TrainConfig& config) {
+  TrainConfig c = config;
+  c.initial_params.reset();
+  c.initial_buffers.reset();
+  c.initial_optimizer_state.reset();
+  c.initial_replica_buffers = c.initial_error_feedback = nullptr;
+  return c;
 }
 
 }  // namespace lockstep::train::detail

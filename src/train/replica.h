@@ -12,7 +12,12 @@
 namespace lockstep::train::detail {
 
 struct Shared {  // read-only during training; owned by train()
+  // The run's config, whose starting state (initial_params, ...) the
+  // replicas read from here; and the same less that state, which each
+  // replica copies (without_starting_state: N copies of a checkpoint's
+  // state would be N times its memory).
   const TrainConfig& config;
+  const TrainConfig& settings;
   const data::ImageClassificationData& data;
   const TrainHooks& hooks;
   const ddp::DistributedSampler& sampler;
@@ -26,6 +31,23 @@ struct Shared {  // read-only during training; owned by train()
   // (in-process replicas share the data: ~30 ms for Fashion-MNIST each).
   std::uint64_t inputs_digest = 0;
 };
+
+// Whether each replica keeps batch-norm statistics of its own (--bn-stats
+// local on a model with buffers, more than one replica; --deterministic
+// sums their updates in its tree): what a checkpoint holds replica by replica.
+bool replicas_keep_own_buffers(const TrainConfig& config, const nn::Model& model);
+
+// Empty if `replica_buffers` and `error_feedback` floats are the per-replica
+// parts a run of `config` resumes from (one for each replica of what it
+// keeps, none of what it does not); otherwise what is wrong, for a message:
+// "'error_feedback.<r>.*' rounding errors for 1 replicas, but a run with
+// --compress bf16 and 2 replicas keeps them for each".
+std::string replica_parts_mismatch(const TrainConfig& config, const nn::Model& model, std::size_t replica_buffers,
+                                   std::size_t error_feedback);
+
+// `config` without initial_params, initial_buffers, initial_optimizer_state
+// and the per-replica parts (start_step and initial_optimizer_steps stay).
+TrainConfig without_starting_state(const TrainConfig& config);
 
 struct StepSample {  // one step of one replica, in ms
   double step = 0, compute = 0, comm = 0, exposed = 0;

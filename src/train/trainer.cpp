@@ -335,27 +335,18 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
 }
 
 // What differs by replica goes into a checkpoint replica by replica
-// (TrainConfig::initial_replica_buffers): a resumed run needs each replica's
-// own, for as many replicas as there were.
-void check_checkpointing(const TrainConfig& c, const nn::Model& probe) {
-  const bool local_buffers = !probe.buffer_layout().tensors().empty() && c.bn_stats == BnStats::Local &&
-                             !c.deterministic && c.replicas > 1;
-  const bool bf16 = c.compression == ddp::Compression::Bf16;
-  const auto check = [&](const std::shared_ptr<const std::vector<float>>& v, bool kept, std::size_t per_replica,
-                         const char* name, const char* why) {
-    const std::size_t want = kept && c.initial_optimizer_state ? per_replica * std::size_t(c.replicas) : 0;
-    const std::size_t have = v ? v->size() : 0;
-    if (have == want) return;
-    throw InvalidArgument(std::string("--resume: ") + name + " holds " + std::to_string(have) + " values, but " +
-                          (want == 0 ? std::string("this run keeps none") :
-                                       "this run needs " + std::to_string(per_replica) + " for each of " +
-                                           std::to_string(c.replicas) + " replicas") +
-                          " (" + why + "); resume with the settings of the run that wrote the checkpoint.");
-  };
-  check(c.initial_replica_buffers, local_buffers, probe.buffer_layout().numel(), "initial_replica_buffers",
-        "--bn-stats local: each replica's own batch-norm statistics");
-  check(c.initial_error_feedback, bf16, probe.layout().numel(), "initial_error_feedback",
-        "--compress bf16: each replica's rounding error");
+// (TrainConfig::initial_replica_buffers): resuming, rank 0 scatters each
+// replica its own, for as many replicas as there were. `root`: whether this
+// process holds rank 0 (the others' parts are not read).
+void check_checkpointing(const TrainConfig& c, const nn::Model& probe, bool root) {
+  if (!c.initial_optimizer_state || !root) return;
+  const std::string wrong = detail::replica_parts_mismatch(c, probe, c.initial_replica_buffers ? c.initial_replica_buffers->size() : 0,
+                                                           c.initial_error_feedback ? c.initial_error_feedback->size() : 0);
+  if (!wrong.empty()) {
+    throw InvalidArgument("resuming (start_step, --resume): initial_replica_buffers and initial_error_feedback hold " +
+                          wrong + "; give each replica's part, as the checkpoint (Checkpoint::replica_buffers, "
+                          "error_feedback) has them.");
+  }
 }
 
 // OpenBLAS's thread count is process-wide: set it for one run, restore it after.
@@ -514,13 +505,14 @@ std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainCo
 
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
-  check_checkpointing(c, *p.probe);
+  check_checkpointing(c, *p.probe, true);
   const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
 
   auto comms =
       comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout, .ranks_per_node = c.ranks_per_node});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
-  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
+  const TrainConfig settings = detail::without_starting_state(c);
+  detail::Shared shared{c, settings, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   shared.inputs_digest = detail::inputs_digest(data);
   std::vector<detail::ReplicaOutput> outputs(c.replicas);
   std::vector<std::exception_ptr> errors(c.replicas);
@@ -568,7 +560,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
         "a process group has real links");
   }
   Plan p = plan(c, data);
-  check_checkpointing(c, *p.probe);
+  check_checkpointing(c, *p.probe, comm.rank() == 0);
   const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
   comm.set_timeout(c.timeout);
 
@@ -585,7 +577,8 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
       throw;
     }
   };
-  detail::Shared shared{c, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now(),
+  const TrainConfig settings = detail::without_starting_state(c);
+  detail::Shared shared{c, settings, data, hooks, p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now(),
                         /*timeline_from_rank0=*/true};
   shared.inputs_digest = detail::inputs_digest(data);
   std::vector<detail::ReplicaOutput> outputs(1);

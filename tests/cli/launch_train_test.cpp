@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <functional>
 #include <set>
@@ -251,6 +253,20 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
 #define LOCKSTEP_MPIEXEC ""
 #endif
 
+// mpirun's arguments to run `lockstep <train_args> --backend mpi` on n
+// ranks, with the environment it needs here: OpenMPI refuses root
+// (containers) unless told; shared memory between local ranks; OpenMPI keeps
+// its allocations until exit (not ours to report).
+std::vector<std::string> mpirun_args(int n, const std::vector<std::string>& train_args) {
+  for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
+  setenv("OMPI_MCA_btl", "self,vader", 0);
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
+  std::vector<std::string> a = {"-np", std::to_string(n), "--oversubscribe", LOCKSTEP_CLI};
+  a.insert(a.end(), train_args.begin(), train_args.end());
+  a.insert(a.end(), {"--backend", "mpi"});
+  return a;
+}
+
 // --deterministic sums in one tree over atoms, whatever carries the bytes: the
 // threads backend, our tree all-reduce over Gloo's TCP pairs, or over MPI
 // point-to-point. The final weights are the same bits on all three.
@@ -278,16 +294,7 @@ TEST_F(LaunchTrain, DeterministicRunsAreTheSameBitsOnThreadsGlooAndMpi) {
     EXPECT_TRUE(read_file(dir / "gloo.safetensors") == want) << "gloo's final weights differ from threads'";
 
     if (mpiexec.empty()) continue;  // built without the MPI backend
-    // OpenMPI refuses root (containers) unless told; shared memory between
-    // local ranks; OpenMPI keeps its allocations until exit (not ours to report).
-    for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
-    setenv("OMPI_MCA_btl", "self,vader", 0);
-    setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
-    std::vector<std::string> mpi_args = {"-np", std::to_string(n), "--oversubscribe", LOCKSTEP_CLI};
-    const auto train = args_saving("mpi");
-    mpi_args.insert(mpi_args.end(), train.begin(), train.end());
-    mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
-    CliRun mpi(run_dir("deterministic_mpi" + std::to_string(n)), mpi_args, mpiexec);
+    CliRun mpi(run_dir("deterministic_mpi" + std::to_string(n)), mpirun_args(n, args_saving("mpi")), mpiexec);
     ASSERT_EQ(mpi.wait(), 0) << mpi.err();
     EXPECT_TRUE(read_file(dir / "mpi.safetensors") == want) << "mpi's final weights differ from threads'";
   }
@@ -321,14 +328,7 @@ TEST_F(LaunchTrain, ZeroOneOverGlooAndMpiTrainsTheThreadsBackendsWeights) {
   EXPECT_NE(gloo.out().find("optimizer state"), std::string::npos) << gloo.out();
 
   if (mpiexec.empty()) return;  // built without the MPI backend
-  for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
-  setenv("OMPI_MCA_btl", "self,vader", 0);
-  setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
-  std::vector<std::string> mpi_args = {"-np", std::to_string(n), "--oversubscribe", LOCKSTEP_CLI};
-  const auto train = args_saving("mpi", "1");
-  mpi_args.insert(mpi_args.end(), train.begin(), train.end());
-  mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
-  CliRun mpi(run_dir("zero_mpi"), mpi_args, mpiexec);
+  CliRun mpi(run_dir("zero_mpi"), mpirun_args(n, args_saving("mpi", "1")), mpiexec);
   ASSERT_EQ(mpi.wait(), 0) << mpi.err();
   EXPECT_TRUE(read_file(dir / "mpi.safetensors") == want) << "mpi's --zero 1 weights differ from threads' --zero 0";
 }
@@ -385,13 +385,23 @@ TEST_F(LaunchTrain, AStoppedRankIsNamedWhenTheOthersTimeOut) {
 
 // The launcher itself is SIGKILLed: its ranks die with it (PR_SET_PDEATHSIG).
 // It cannot remove its rendezvous directory; the next launch on the host
-// does, and leaves a live launcher's alone.
+// does, and leaves a live launcher's alone: one whose pid runs, and one
+// whose pid does not but which holds its directory's lock (a launcher in
+// another pid namespace).
 TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   const auto data = make_data_dir("orphans");
-  const auto tmp = run_dir("orphans-tmpdir");
-  const char* was = std::getenv("TMPDIR");
-  const std::string saved = was != nullptr ? was : "";
-  setenv("TMPDIR", tmp.c_str(), 1);
+  // TMPDIR for the launchers, restored however the test ends.
+  struct TmpDir {
+    std::optional<std::string> saved;
+    explicit TmpDir(const fs::path& dir) {
+      if (const char* was = std::getenv("TMPDIR")) saved = was;
+      setenv("TMPDIR", dir.c_str(), 1);
+    }
+    ~TmpDir() {
+      if (saved) setenv("TMPDIR", saved->c_str(), 1);
+      else unsetenv("TMPDIR");
+    }
+  } const tmpdir(run_dir("orphans-tmpdir"));
   CliRun r(run_dir("orphans"), launch_args(2, train_args(data, {"--steps", "1000000"})));
   ASSERT_TRUE(r.wait_for_err("), pids ")) << r.err();
   const auto pids = r.rank_pids();
@@ -409,14 +419,24 @@ TEST_F(LaunchTrain, NoOrphansWhenTheLauncherIsKilled) {
   const auto suffix = dir.rfind('-'), pid_at = dir.rfind('-', suffix - 1) + 1;  // ...-<pid>-XXXXXX
   const std::string live = dir.substr(0, pid_at) + std::to_string(::getpid()) + dir.substr(suffix);
   fs::create_directories(live);
+  const pid_t gone = fork();  // a pid that no longer runs
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string elsewhere = dir.substr(0, pid_at) + std::to_string(gone) + dir.substr(suffix) + "x";
+  fs::create_directories(elsewhere);
+  const int held = ::open(elsewhere.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
   CliRun next(run_dir("orphans-next"), launch_args(2, train_args(data, {"--steps", "1"})));
   EXPECT_EQ(next.wait(), 0) << next.err();
-  if (saved.empty()) unsetenv("TMPDIR");
-  else setenv("TMPDIR", saved.c_str(), 1);
   EXPECT_FALSE(fs::exists(dir)) << "the killed launcher's rendezvous directory is still there";
   EXPECT_TRUE(fs::exists(live)) << "a live launcher's directory was removed: " << live;
+  EXPECT_TRUE(fs::exists(elsewhere)) << "a locked directory was removed: " << elsewhere;
+  ::close(held);
   fs::remove_all(dir);
   fs::remove_all(live);
+  fs::remove_all(elsewhere);
 }
 
 // --trace and --timeline-svg over processes draw every rank, not rank 0
@@ -624,13 +644,7 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
     std::string program = LOCKSTEP_CLI;
     if (k.under == Under::Launch) args = launch_args(2, args);
     if (k.under == Under::Mpirun) {
-      for (const char* v : {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}) setenv(v, "1", 0);
-      setenv("OMPI_MCA_btl", "self,vader", 0);
-      setenv("ASAN_OPTIONS", "detect_leaks=0", 0);
-      std::vector<std::string> mpi_args = {"-np", "2", "--oversubscribe", LOCKSTEP_CLI};
-      mpi_args.insert(mpi_args.end(), args.begin(), args.end());
-      mpi_args.insert(mpi_args.end(), {"--backend", "mpi"});
-      args = mpi_args;
+      args = mpirun_args(2, args);
       program = mpiexec;
     }
     CliRun run(dir, args, program);

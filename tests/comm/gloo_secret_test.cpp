@@ -106,7 +106,7 @@ TEST_F(GlooSecret, ASecretFileOthersCanReadIsRefused) {
   large.spawn(0, b);
   const auto too_big = large.wait_all(20s);
   EXPECT_EQ(too_big[0].code, 2) << too_big[0].log;
-  EXPECT_NE(too_big[0].log.find(big + " is 1073741824 bytes, more than a secret's limit of 65536"),
+  EXPECT_NE(too_big[0].log.find(big + " is 1073741824 bytes, more than a secret's limit of 65536 bytes"),
             std::string::npos)
       << too_big[0].log;
 }

@@ -352,8 +352,8 @@ TEST(Resume, StateThatDiffersByReplicaResumesAsTheUnbrokenRun) {
     EXPECT_TRUE(same(end.replica_buffers, last.replica_buffers));
     EXPECT_TRUE(same(end.error_feedback, last.error_feedback));
 
-    // Without its per-replica part, or for another replica count, such a
-    // checkpoint cannot resume the run: refused, not resumed with zeros.
+    // Without its per-replica part such a checkpoint cannot resume the run:
+    // refused, not resumed with zeros.
     if (!mid.replica_buffers.empty() || !mid.error_feedback.empty()) {
       auto missing = resumed;
       missing.initial_replica_buffers = nullptr;
@@ -367,8 +367,9 @@ TEST(Resume, StateThatDiffersByReplicaResumesAsTheUnbrokenRun) {
 }
 
 // A checkpoint whose per-replica part is damaged is refused, naming what is
-// wrong: a tensor missing from one replica's part, a stray tensor, or a
-// replica's part missing whole (IoError, as for other damaged files).
+// wrong: a tensor missing from one replica's part, a stray tensor (in a
+// replica's part, or of a replica past the others), or a replica's part
+// missing whole (IoError, as for other damaged files).
 TEST(Resume, ADamagedPerReplicaPartIsNamed) {
   const auto data = synthetic_data(512);
   auto c = small_config(2, 16);
@@ -404,12 +405,16 @@ TEST(Resume, ADamagedPerReplicaPartIsNamed) {
     }
   };
   refused(write("one_missing.st", [](const std::string& n) { return n == "error_feedback.1.0.weight"; }),
-          "tensor 'error_feedback.1.0.weight' [64, 48] is missing");
+          "tensor 'error_feedback.1.0.weight' [64, 48] is missing; each replica's part holds every tensor, so the "
+          "file is damaged");
   refused(write("stray.st", [](const std::string&) { return false; }, "error_feedback.0.nope"),
-          "tensor 'error_feedback.0.nope' is not part of this model");
+          "tensor 'error_feedback.0.nope' does not belong to the per-replica state the file holds (replicas 0 to 1");
+  refused(write("stray_replica.st", [](const std::string&) { return false; }, "error_feedback.7.0.bias"),
+          "tensor 'error_feedback.7.0.bias' does not belong to the per-replica state the file holds (replicas 0 to 1, "
+          "each with every parameter of the model); the file is damaged");
   refused(write("replica_gone.st", [](const std::string& n) { return n.rfind("error_feedback.1.", 0) == 0; }),
-          "holds 'error_feedback.<r>.*' rounding errors for 1 replicas, but the run that wrote it (--compress bf16, "
-          "2 replicas) writes them for each; the file is damaged");
+          "holds 'error_feedback.<r>.*' rounding errors for 1 replicas, but a run with --compress bf16 and 2 replicas "
+          "keeps them for each, as the run that wrote it did; the file is damaged");
   auto plain = c;  // the same file is fine
   resume_from(plain, data, load_checkpoint(dir / "good.st", c, data));
   EXPECT_EQ(plain.initial_error_feedback->size(), 2 * plain.initial_params->size());

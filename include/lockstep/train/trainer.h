@@ -50,7 +50,7 @@ Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument nam
 
 // How batch norm's running statistics (the model's buffers) are kept.
 enum class BnStats {
-  Local,  // each replica updates its own from its own micro-batches; never communicated; they differ
+  Local,  // each replica updates its own from its own micro-batches; never averaged; they differ
   Sync,   // each step, the replicas' updates are averaged (one small all-reduce), so all hold the same
 };
 BnStats bn_stats_from_string(std::string_view name);  // throws InvalidArgument
@@ -192,7 +192,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t repair = 0;       // weights re-broadcast by --on-divergence repair
   std::uint64_t buffers = 0;      // buffer updates averaged by --bn-stats sync
   std::uint64_t weights = 0;      // weights all-gathered after each sharded optimizer step (--zero 1)
-  std::uint64_t resume = 0;       // the state rank 0 broadcast from a checkpoint (--resume)
+  std::uint64_t resume = 0;       // the state rank 0 sent from a checkpoint (--resume): broadcast, or scattered
   std::uint64_t checkpoint = 0;   // per-replica state gathered to rank 0 for a checkpoint (--zero 1, local bn, bf16)
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };

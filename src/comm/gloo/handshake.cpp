@@ -111,11 +111,17 @@ std::string read_secret_file(const std::string& path) {
   constexpr off_t kMaxSecretBytes = 64 << 10;
   if (st.st_size > kMaxSecretBytes) {
     throw InvalidArgument(what + " is " + std::to_string(st.st_size) + " bytes, more than a secret's limit of " +
-                          std::to_string(kMaxSecretBytes) + remedy);
+                          std::to_string(kMaxSecretBytes) + " bytes" + remedy);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(what + ": cannot read it" + remedy);
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string secret(static_cast<std::size_t>(kMaxSecretBytes) + 1, '\0');  // no more, should it grow meanwhile
+  in.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  secret.resize(static_cast<std::size_t>(in.gcount()));
+  if (secret.size() > static_cast<std::size_t>(kMaxSecretBytes)) {
+    throw InvalidArgument(what + " grew past a secret's limit of " + std::to_string(kMaxSecretBytes) +
+                          " bytes while it was read" + remedy);
+  }
   if (secret.empty()) throw InvalidArgument(what + " is empty" + remedy);
   return secret;
 }
