@@ -264,26 +264,38 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
                  const std::string& transport) {
   const auto mine = trajectory_fields(config, data, transport);
   std::map<std::string, std::string> theirs(cp.fields.begin(), cp.fields.end());
+  // Every setting that differs, each with both values (so that one run of
+  // the command shows them all): "--lr ('0.1' there, '0.05' here)".
+  std::vector<std::string> differ;
   for (const auto& [name, value] : mine) {
     const auto it = theirs.find(name);
     const std::string was = it == theirs.end() ? "(not recorded)" : it->second;
-    if (was != value) {
-      // Floats are recorded exactly, in hex ("0x1.99999ap-4"): shown as decimals.
-      const auto readable = [](const std::string& v) {
-        char* end = nullptr;
-        const double d = std::strtod(v.c_str(), &end);
-        if (v.rfind("0x", 0) != 0 || end == v.c_str() || *end != '\0') return v;
-        char text[32];
-        std::snprintf(text, sizeof text, "%.7g", d);  // the flags are floats
-        return std::string(text);
-      };
-      const std::string was_text = readable(was), value_text = readable(value);
-      const bool long_text = was.size() > 60 || value.size() > 60 || was.find('\n') != std::string::npos;
-      throw InvalidArgument("--resume: " + name + " differs from the run that wrote the checkpoint" +
-                            (long_text ? "" : " ('" + was_text + "' there, '" + value_text + "' here)") +
-                            "; a resumed run keeps the settings that shape its weights. Give the same, or "
-                            "start afresh without --resume.");
-    }
+    if (was == value) continue;
+    // Floats are recorded exactly, in hex ("0x1.99999ap-4"): shown as decimals.
+    const auto readable = [](const std::string& v) {
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.rfind("0x", 0) != 0 || end == v.c_str() || *end != '\0') return v;
+      char text[32];
+      std::snprintf(text, sizeof text, "%.7g", d);  // the flags are floats
+      return std::string(text);
+    };
+    const bool long_text = was.size() > 60 || value.size() > 60 || was.find('\n') != std::string::npos;
+    differ.push_back(name + (long_text ? "" : " ('" + readable(was) + "' there, '" + readable(value) + "' here)"));
+  }
+  if (!differ.empty()) {
+    constexpr std::size_t kShown = 6;
+    std::string listed;
+    for (std::size_t i = 0; i < std::min(differ.size(), kShown); ++i) listed += (i ? "; " : "") + differ[i];
+    if (differ.size() > kShown) listed += "; and " + std::to_string(differ.size() - kShown) + " more";
+    const std::string what =
+        differ.size() == 1
+            ? differ[0].substr(0, differ[0].find(" ('")) + " differs from the run that wrote the checkpoint" +
+                  (differ[0].find(" ('") == std::string::npos ? "" : differ[0].substr(differ[0].find(" ('")))
+            : std::to_string(differ.size()) + " settings differ from the run that wrote the checkpoint: " + listed;
+    throw InvalidArgument("--resume: " + what +
+                          "; a resumed run keeps the settings that shape its weights. Give the same, or start afresh "
+                          "without --resume.");
   }
   if (cp.steps_done >= cp.steps_planned) {
     throw InvalidArgument("--resume: the checkpoint is of a run that had ended (step " +

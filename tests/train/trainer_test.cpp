@@ -421,6 +421,41 @@ TEST(Resume, ADamagedPerReplicaPartIsNamed) {
   std::filesystem::remove_all(dir);
 }
 
+// --resume names every setting that differs, each with both values, so that
+// one run shows all there is to fix.
+TEST(Resume, EverySettingThatDiffersIsNamed) {
+  const auto data = synthetic_data(512);
+  auto c = small_config(2, 16);
+  LoadedCheckpoint cp;
+  cp.steps_done = 1;
+  cp.steps_planned = 20;
+  cp.fields = trajectory_fields(c, data);
+  auto other = c;
+  other.lr = 0.05f;
+  other.momentum = 0.5f;
+  try {
+    resume_from(other, data, cp);
+    ADD_FAILURE() << "other settings were accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--resume: 2 settings differ from the run that wrote the checkpoint: "), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--lr ('0.1' there, '0.05' here)"), std::string::npos) << what;
+    EXPECT_NE(what.find("--momentum ('0.9' there, '0.5' here)"), std::string::npos) << what;
+  }
+  auto one = c;
+  one.lr = 0.05f;
+  try {
+    resume_from(one, data, cp);
+    ADD_FAILURE() << "another --lr was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume: --lr differs from the run that wrote the checkpoint ('0.1' there, "
+                                         "'0.05' here); a resumed run keeps"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A checkpoint keeps rank 0's state as everyone's, so the replicas are
 // compared at every step that writes one: a replica that diverged is caught
 // there (stop) and never kept, though --check-every alone would compare
