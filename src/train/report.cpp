@@ -212,7 +212,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       s += "): --bn-stats sync, the replicas' updates averaged every step; identical on every replica\n";
     } else {
       s += "): --bn-stats local, each replica updates its own from its own micro-batches; never averaged";
-      if (r.traffic.size() > 1 && total_sent(r).checkpoint > 0) s += " (gathered to rank 0 for --checkpoint)";
+      if (total_sent(r).checkpoint > 0) s += " (gathered to rank 0 for --checkpoint)";
       if (r.divergence_checks > 0)
         s += " (they differed at " + std::to_string(r.buffer_checks_differing) + " of " +
              plural(r.divergence_checks, "check") + ", as expected)";

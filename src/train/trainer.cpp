@@ -340,8 +340,9 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
 // process holds rank 0 (the others' parts are not read).
 void check_checkpointing(const TrainConfig& c, const nn::Model& probe, bool root) {
   if (!c.initial_optimizer_state || !root) return;
-  const std::string wrong = detail::replica_parts_mismatch(c, probe, c.initial_replica_buffers ? c.initial_replica_buffers->size() : 0,
-                                                           c.initial_error_feedback ? c.initial_error_feedback->size() : 0);
+  const auto floats = [](const std::shared_ptr<const std::vector<float>>& v) { return v ? v->size() : 0; };
+  const std::string wrong =
+      detail::replica_parts_mismatch(c, probe, floats(c.initial_replica_buffers), floats(c.initial_error_feedback));
   if (!wrong.empty()) {
     throw InvalidArgument("resuming (start_step, --resume): initial_replica_buffers and initial_error_feedback hold " +
                           wrong + "; give each replica's part, as the checkpoint (Checkpoint::replica_buffers, "
