@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -331,6 +332,11 @@ class ProgressPrinter {
                   "exposed %.1f)",
                   (long long)p.epoch + 1, (long long)p.step, (long long)p.total_steps, p.loss, p.lr,
                   p.samples_per_s, p.times.step_ms, p.times.comm_ms, p.times.exposed_comm_ms);
+    if (p.grad_norm) {  // --clip-grad-norm
+      const std::size_t used = std::strlen(line);
+      std::snprintf(line + used, sizeof line - used, "  grad norm %.3g (clipped %lld)", *p.grad_norm,
+                    (long long)p.clipped);
+    }
     // On a terminal one line is rewritten in place; elsewhere every update is a line.
     if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
     if (p.test_accuracy) {
@@ -666,6 +672,13 @@ Action add_train_command(CLI::App& app) {
           ->check(positive_number(1e6));
   cmd->add_option("--schedule", flags->schedule, "Learning-rate schedule")
       ->check(CLI::IsMember({"cosine", "constant"}));
+  cmd->add_option("--lr-warmup", c.lr_warmup,
+                  "Steps of linear warmup, lr x (step + 1) / W, before --schedule runs over the rest (0: none)")
+      ->transform(whole_number_in(0, std::int64_t{1} << 40));
+  cmd->add_option("--clip-grad-norm", c.clip_grad_norm,
+                  "Scale the averaged gradient down to this L2 norm (over every parameter) when it is larger, as "
+                  "torch.nn.utils.clip_grad_norm_; every replica computes the same norm (0: off)")
+      ->check(number_in(0.0, 1e30));
   flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   flags->weight_decay_option =
       cmd->add_option("--weight-decay", c.weight_decay,

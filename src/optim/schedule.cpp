@@ -65,7 +65,13 @@ std::size_t Optimizer::state_floats(std::size_t numel, std::size_t slots) {
   return numel * slots;
 }
 
-float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps) {
+float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps,
+                    std::int64_t warmup) {
+  if (warmup > 0) {
+    if (step < warmup) return static_cast<float>(double(base) * double(step + 1) / double(warmup));
+    step -= warmup;
+    total_steps -= warmup;
+  }
   if (schedule == Schedule::Constant || total_steps <= 0) return base;
   const double progress = static_cast<double>(step) / static_cast<double>(total_steps);
   return static_cast<float>(base * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));

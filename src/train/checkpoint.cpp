@@ -267,9 +267,16 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
   // Every setting that differs, each with both values (so that one run of
   // the command shows them all): "--lr ('0.1' there, '0.05' here)".
   std::vector<std::string> differ;
+  // Settings added after checkpoints were first written: a file from before
+  // holds none of them, and its run had each one's default.
+  static const std::map<std::string, std::string> kDefaultWhenUnrecorded = {{"--lr-warmup", "0"},
+                                                                            {"--clip-grad-norm", "off"}};
   for (const auto& [name, value] : mine) {
     const auto it = theirs.find(name);
-    const std::string was = it == theirs.end() ? "(not recorded)" : it->second;
+    const auto default_value = kDefaultWhenUnrecorded.find(name);
+    const std::string was = it != theirs.end()                         ? it->second
+                            : default_value != kDefaultWhenUnrecorded.end() ? default_value->second
+                                                                            : "(not recorded)";
     if (was == value) continue;
     // Floats are recorded exactly, in hex ("0x1.99999ap-4"): shown as decimals.
     const auto readable = [](const std::string& v) {

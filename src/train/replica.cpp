@@ -16,9 +16,11 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 
 #include "atoms.h"
 #include "guards.h"
+#include "lockstep/ddp/grad_clip.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
 
@@ -227,6 +229,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     out.traffic.resume += comm.stats().bytes_sent - before;
   }
   out.buckets = reducer.buckets();
+  // --clip-grad-norm: Note [Clipping the averaged gradient] (ddp/grad_clip.cpp).
+  std::optional<ddp::GradClipper> clipper;
+  if (c.clip_grad_norm > 0) {
+    clipper.emplace(reducer.buckets(), rank, comm.size(), grads.size(),
+                    ddp::GradClipOptions{
+                        .max_norm = c.clip_grad_norm, .sharded = sharded, .deterministic = c.deterministic});
+  }
+  double window_norm = -1;  // the largest gradient norm since the last progress point (-1: none)
+  std::int64_t window_clipped = 0;
   out.overlapped =
       c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory);
   std::vector<std::string> layer_names;
@@ -445,9 +456,19 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
 
     const auto t_optimizer_start = Clock::now();
     bool optimizer_recorded = false;  // sharded: recorded before the all-gather
-    const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps);
+    const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps, c.lr_warmup);
     double gather_ms = 0;  // --zero 1: the weights' all-gather, exposed after the optimizer
-    if (guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out)) {
+    const bool skipped = guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out);
+    if (!skipped && clipper) {  // the same norm on every replica, so the same factor
+      const auto before = comm.stats().bytes_sent;
+      const auto clip = clipper->clip(comm, grads);
+      out.traffic.clip += comm.stats().bytes_sent - before;
+      out.grad_norms.push_back(clip.norm);
+      out.clipped_steps += clip.clipped ? 1 : 0;
+      window_norm = std::max(window_norm, clip.norm);
+      window_clipped += clip.clipped ? 1 : 0;
+    }
+    if (skipped) {
       reducer.discard_error_feedback();  // a skipped gradient's rounding must not reach the next step
     } else if (!sharded) {
       optimizer->step_and_zero_grads(params, grads, lr);
@@ -516,6 +537,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                  lr,
                  median_times(std::span(out.steps).subspan(window_first_step)),
                  std::nullopt};
+      if (clipper && window_norm >= 0) p.grad_norm = window_norm;
+      p.clipped = window_clipped;
+      window_norm = -1;
+      window_clipped = 0;
       window_first_step = out.steps.size();
       out.final_loss = p.loss;
       window[0] = window[1] = 0;
@@ -589,7 +614,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
                             out.traffic.repair - out.traffic.buffers - out.traffic.weights - out.traffic.resume -
-                            out.traffic.checkpoint;
+                            out.traffic.checkpoint - out.traffic.clip;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();

@@ -77,6 +77,8 @@ struct ReplicaOutput {
   std::size_t handshake_fields = 0;
   std::int64_t divergence_checks = 0, repairs = 0, accounting_checks = 0, buffer_checks_differing = 0;
   std::vector<TrainResult::Skip> skipped;
+  std::vector<double> grad_norms;  // --clip-grad-norm: each applied step's norm before clipping
+  std::int64_t clipped_steps = 0;
 };
 
 // Medians of the samples' fields (overlap from each step's own ratio).

@@ -38,6 +38,7 @@ TrafficBytes total_sent(const TrainResult& r) {
     sum.weights += t.weights;
     sum.resume += t.resume;
     sum.checkpoint += t.checkpoint;
+    sum.clip += t.clip;
     sum.unaccounted += t.unaccounted;
   }
   return sum;
@@ -240,6 +241,19 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   }
   s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
        "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
+  if (c.clip_grad_norm > 0) {  // Note [Clipping the averaged gradient]
+    std::vector<double> norms = r.grad_norms;
+    std::sort(norms.begin(), norms.end());
+    std::snprintf(line, sizeof line,
+                  "  clipping     the averaged gradient's norm clipped to %.4g at %lld of %zu steps (norm median "
+                  "%.4g, largest %.4g); every replica computed the same norm",
+                  double(c.clip_grad_norm), (long long)r.clipped_steps, norms.size(),
+                  norms.empty() ? 0.0 : norms[norms.size() / 2], norms.empty() ? 0.0 : norms.back());
+    s += line;
+    s += total_sent(r).clip > 0 ? ", from the shares the replicas exchanged (--zero 1: " +
+                                      human_bytes(double(total_sent(r).clip) / double(r.replicas)) + " per replica)\n"
+                                : ", with no communication\n";
+  }
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
   if (r.test_accuracy) {
@@ -292,6 +306,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"seed", c.seed},
                  {"shuffle", c.shuffle},
                  {"schedule", c.schedule == optim::Schedule::Cosine ? "cosine" : "constant"},
+                 {"lr_warmup", c.lr_warmup},
+                 {"clip_grad_norm", c.clip_grad_norm},
                  {"ragged", to_string(c.ragged)},
                  {"deterministic", c.deterministic},
                  {"atom", c.atom},
@@ -315,6 +331,11 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"buffer_checks_differing", r.buffer_checks_differing},
                  {"max_skips", c.max_skips},
                  {"skipped_steps", skipped}};
+  if (c.clip_grad_norm > 0) {
+    j["clipping"] = {{"max_norm", c.clip_grad_norm}, {"clipped_steps", r.clipped_steps}, {"grad_norms", r.grad_norms}};
+  } else {
+    j["clipping"] = nullptr;
+  }
   j["timing"] = {{"step_ms", r.times.step_ms},
                  {"compute_ms", r.times.compute_ms},
                  {"comm_ms", r.times.comm_ms},
@@ -355,7 +376,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                    {"control", t.control},
                    {"checks", t.checks},
                    {"repair", t.repair}, {"buffers", t.buffers}, {"weights", t.weights}, {"resume", t.resume},
-                   {"checkpoint", t.checkpoint}, {"unaccounted", t.unaccounted}});
+                   {"checkpoint", t.checkpoint}, {"clip", t.clip}, {"unaccounted", t.unaccounted}});
   }
   j["bytes"]["per_replica_sent"] = per;
   return j.dump(2) + "\n";

@@ -89,6 +89,11 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
     throw InvalidArgument("--weight-decay must be a finite number, not negative");
   if (c.log_every < 1) throw InvalidArgument("log interval must be at least 1 step");
+  if (!(c.clip_grad_norm >= 0) || !std::isfinite(c.clip_grad_norm)) {
+    throw InvalidArgument("--clip-grad-norm must be a positive number (the largest gradient norm to keep), or 0 for "
+                          "no clipping");
+  }
+  if (c.lr_warmup < 0) throw InvalidArgument("--lr-warmup must be 0 (none) or a number of steps");
   if (c.accumulate < 1 || c.accumulate > 65536) {
     throw InvalidArgument("--accumulate must be between 1 and 65536, got " + std::to_string(c.accumulate));
   }
@@ -277,6 +282,10 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
        .seed = c.seed,
        .last_batch = c.ragged == Ragged::Drop || c.deterministic ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
+  if (c.lr_warmup >= total_steps) {
+    throw InvalidArgument("--lr-warmup " + std::to_string(c.lr_warmup) + " is as long as the run (" +
+                          std::to_string(total_steps) + " steps), which would never reach --lr; give fewer steps.");
+  }
   for (const auto& f : c.inject) {
     if (f.kind != Fault::Kind::SameSeed && f.step >= total_steps) {
       throw InvalidArgument("--inject names step " + std::to_string(f.step) + ", past the run's last step (" +
@@ -460,6 +469,8 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.buffer_checks_differing = o.buffer_checks_differing;
   res.repairs = o.repairs;
   res.skipped = o.skipped;
+  res.grad_norms = o.grad_norms;
+  res.clipped_steps = o.clipped_steps;
   return res;
 }
 

@@ -906,6 +906,45 @@ TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
   EXPECT_EQ(run(common + "--trace /nonexistent/dir/t.json").code, 2);
 }
 
+// --clip-grad-norm and --lr-warmup from the command line: the progress
+// line's gradient norm, the summary's clipping line, the report's per-step
+// norms, and values the run could not use refused by name.
+TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
+  const fs::path dir = make_data_dir("cli_clip");
+  const fs::path report = dir / "clip.json";
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 10 ";
+  const CliRun r = run(common + "--log-every 1 --clip-grad-norm 0.001 --lr-warmup 4 --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  // lr 0.1 x 1/4, 3/4 in the warmup; at step 8, cosine's 3 of the 6 steps after it.
+  for (const char* lr : {"step 1/10  loss", "lr 0.025  ", "lr 0.075  ", "step 8/10  loss", "lr 0.05  "}) {
+    EXPECT_NE(r.output.find(lr), std::string::npos) << lr << "\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("grad norm "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(clipped 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("clipping     the averaged gradient's norm clipped to 0.001 at 10 of 10 steps"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("every replica computed the same norm, with no communication"), std::string::npos)
+      << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(j["config"]["lr_warmup"], 4);
+  EXPECT_EQ(j["clipping"]["clipped_steps"], 10);
+  EXPECT_EQ(j["clipping"]["grad_norms"].size(), 10u);
+  EXPECT_EQ(j["bytes"]["per_replica_sent"][1]["clip"], 0);
+  const CliRun plain = run(common + "--quiet --report " + report.string());
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("clipping"), std::string::npos) << plain.output;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(report))["clipping"].is_null());
+
+  const CliRun negative = run(common + "--clip-grad-norm -1");
+  EXPECT_EQ(negative.code, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--clip-grad-norm"), std::string::npos) << negative.output;
+  const CliRun long_warmup = run(common + "--lr-warmup 10");
+  EXPECT_EQ(long_warmup.code, 2) << long_warmup.output;
+  EXPECT_NE(long_warmup.output.find("--lr-warmup 10 is as long as the run (10 steps)"), std::string::npos)
+      << long_warmup.output;
+}
+
 TEST(Cli, AccumulateIsInTheSummary) {
   const fs::path dir = make_data_dir("cli_accumulate");
   const CliRun r =

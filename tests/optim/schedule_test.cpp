@@ -63,5 +63,31 @@ TEST(Schedule, ConstantStays) {
   EXPECT_EQ(learning_rate(Schedule::Constant, 0.3f, 5, 0), 0.3f);
 }
 
+// Warmup W: base x (s + 1) / W for s < W, then the schedule over the other
+// steps as over a run of total - W. The values torch gives for base 0.1, W 4,
+// total 12 (LinearLR(start_factor = 1/4, total_iters = 3) and
+// CosineAnnealingLR(T_max = 8) in SequentialLR(milestones = [4])):
+// 0.025 0.05 0.075 0.1, then 0.1 x (1 + cos(pi k / 8)) / 2 for k = 0..7.
+TEST(Schedule, WarmupRampsLinearlyThenTheScheduleRunsOverTheRest) {
+  const float base = 0.1f;
+  const std::int64_t warmup = 4, total = 12;
+  for (std::int64_t s = 0; s < warmup; ++s) {
+    for (auto schedule : {Schedule::Cosine, Schedule::Constant}) {
+      EXPECT_FLOAT_EQ(learning_rate(schedule, base, s, total, warmup), base * float(s + 1) / float(warmup)) << s;
+    }
+  }
+  EXPECT_EQ(learning_rate(Schedule::Cosine, base, warmup - 1, total, warmup), base);
+  for (std::int64_t s = warmup; s < total; ++s) {
+    const double k = double(s - warmup);
+    EXPECT_NEAR(learning_rate(Schedule::Cosine, base, s, total, warmup),
+                base * 0.5 * (1 + std::cos(std::numbers::pi * k / double(total - warmup))), 1e-8)
+        << s;
+    EXPECT_EQ(learning_rate(Schedule::Constant, base, s, total, warmup), base) << s;
+  }
+  for (std::int64_t s = 0; s <= total; ++s) {  // warmup 0 is no warmup
+    EXPECT_EQ(learning_rate(Schedule::Cosine, base, s, total, 0), learning_rate(Schedule::Cosine, base, s, total));
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::optim

@@ -101,6 +101,11 @@ std::unique_ptr<Optimizer> make_adamw(std::size_t numel, const AdamWOptions& opt
 enum class Schedule { Constant, Cosine };
 // Learning rate at `step` (0-based) of `total_steps`: constant, or cosine decay
 // from `base` to 0 (torch CosineAnnealingLR with T_max = total_steps, eta_min 0).
-float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps);
+// With `warmup` W > 0, the first W steps ramp linearly, base x (step + 1) / W
+// (torch LinearLR(start_factor = 1/W, total_iters = W - 1)), and the schedule
+// runs over the other total_steps - W steps as over a run of that length
+// (torch SequentialLR with milestones = [W]).
+float learning_rate(Schedule schedule, float base, std::int64_t step, std::int64_t total_steps,
+                    std::int64_t warmup = 0);
 
 }  // namespace lockstep::optim

@@ -93,6 +93,11 @@ struct TrainConfig {
   std::string optimizer = "sgd";  // sgd | adamw
   float lr = 0.1f;
   optim::Schedule schedule = optim::Schedule::Cosine;
+  std::int64_t lr_warmup = 0;  // optimizer steps of linear warmup before the schedule (optim::learning_rate)
+  // > 0: scale the averaged gradient down to this L2 norm (over every
+  // parameter) whenever it is larger, as torch.nn.utils.clip_grad_norm_;
+  // every replica computes the same norm (docs/design.md, "Clipping").
+  float clip_grad_norm = 0;
   float momentum = 0.9f;
   float weight_decay = 0.0f;  // lockstep train: 0.01 with --optimizer adamw unless given (and lr 0.001)
   bool nesterov = false;
@@ -180,6 +185,10 @@ struct Progress {
   float lr = 0;
   StepTimes times;                      // rank 0's medians since the last report
   std::optional<double> test_accuracy;  // set at the end of an epoch
+  // --clip-grad-norm: the largest norm of the averaged gradient since the
+  // last report (before clipping), and at how many of those steps it was clipped.
+  std::optional<double> grad_norm;
+  std::int64_t clipped = 0;
 };
 
 struct TrafficBytes {  // bytes one replica sent, measured at the communicator
@@ -194,6 +203,7 @@ struct TrafficBytes {  // bytes one replica sent, measured at the communicator
   std::uint64_t weights = 0;      // weights all-gathered after each sharded optimizer step (--zero 1)
   std::uint64_t resume = 0;       // the state rank 0 sent from a checkpoint (--resume): broadcast, or scattered
   std::uint64_t checkpoint = 0;   // per-replica state gathered to rank 0 for a checkpoint (--zero 1, local bn, bf16)
+  std::uint64_t clip = 0;         // each replica's share of the gradient norm (--clip-grad-norm with --zero 1)
   std::uint64_t unaccounted = 0;  // anything else (must be 0)
 };
 
@@ -245,6 +255,10 @@ struct TrainResult {
     std::vector<int> ranks;  // the replicas whose local gradient was not finite
   };
   std::vector<Skip> skipped;  // steps every replica skipped
+  // --clip-grad-norm: the norm of each step's averaged gradient before
+  // clipping (skipped steps have none), and how many steps were clipped.
+  std::vector<double> grad_norms;
+  std::int64_t clipped_steps = 0;
 };
 
 // What a run needs to go on from where it is (TrainHooks::on_checkpoint):
