@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/modelled_link.h"
 #include "lockstep/comm/threads.h"
+#include "lockstep/ddp/grad_clip.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/ddp/sampler.h"
 #include "lockstep/error.h"
@@ -83,8 +85,9 @@ void forward(const float* w, const float* x, float* h, float* p) {
 // One replica: the whole training loop, run on its own thread.
 struct Result {
   float first_loss = 0, last_loss = 0, accuracy = 0;
+  int clipped_steps = 0;
 };
-void train_replica(comm::Communicator& c, const Data& train, const Data& test, int steps,
+void train_replica(comm::Communicator& c, const Data& train, const Data& test, int steps, float clip_norm,
                    std::vector<float>& w, Result& result) {
   const int rank = c.rank(), n = c.size();
   // Replica 0 initialises (He-scaled normal weights, zero biases); broadcast gives everyone
@@ -115,6 +118,11 @@ void train_replica(comm::Communicator& c, const Data& train, const Data& test, i
     for (std::size_t t : bucket.tensors) std::printf(" %s", names[t]);
     std::printf("\n");
   }
+
+  // Optional clipping of the averaged gradient to a global L2 norm: every replica computes
+  // the same norm, to the bit, so all scale alike and stay identical.
+  std::optional<ddp::GradClipper> clipper;
+  if (clip_norm > 0) clipper.emplace(reducer.buckets(), rank, n, grad.size(), ddp::GradClipOptions{.max_norm = clip_norm});
 
   std::vector<std::int64_t> order;
   std::vector<float> h(kMicroBatch * kHidden), dlogits(kMicroBatch * kClasses);
@@ -159,6 +167,7 @@ void train_replica(comm::Communicator& c, const Data& train, const Data& test, i
     reducer.mark_ready(1);  // b1
     reducer.mark_ready(0);  // W1
     reducer.finish_step();  // grad is now the mean over the whole global batch, on every replica
+    if (clipper) result.clipped_steps += clipper->clip(c, grad).clipped ? 1 : 0;
 
     // Plain SGD. Same gradient, same weights: the replicas stay identical without talking.
     for (std::size_t i = 0; i < kNumParams; ++i) w[i] -= kLearningRate * grad[i];
@@ -192,11 +201,14 @@ int main(int argc, char** argv) {
   CLI::App app{"custom_loop: a hand-written MLP trained data-parallel with lockstep's comm and ddp",
                "custom_loop"};
   int replicas = 4, steps = 200;
+  float clip_norm = 0;
   std::string bandwidth, latency;
   app.add_option("--replicas", replicas, "Number of replicas (threads)")->check(CLI::Range(1, 64));
   app.add_option("--steps", steps, "Training steps")->check(CLI::Range(1, 100000));
   app.add_option("--link-bandwidth", bandwidth, "Modelled link bandwidth, e.g. 10Gbit");
   app.add_option("--link-latency", latency, "Modelled link latency, e.g. 50us");
+  app.add_option("--clip-grad-norm", clip_norm, "Clip the averaged gradient to this L2 norm (0: off)")
+      ->check(CLI::Range(0.0f, 1e30f));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -226,7 +238,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < replicas; ++r)
       threads.emplace_back([&, r] {
         try {
-          train_replica(*group[r], train, test, steps, weights[r], results[r]);
+          train_replica(*group[r], train, test, steps, clip_norm, weights[r], results[r]);
         } catch (...) {  // wake the other replicas instead of leaving them waiting for us
           errors[r] = std::current_exception();
           group[r]->abort("replica " + std::to_string(r) + " failed");
@@ -250,6 +262,7 @@ int main(int argc, char** argv) {
     // The invariants data-parallel training promises, checked outside the library.
     const Result& r0 = results[0];
     std::printf("held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
+    if (clip_norm > 0) std::printf("gradient clipped to norm %g at %d of %d steps\n", clip_norm, r0.clipped_steps, steps);
     bool ok = true;
     auto check = [&ok](bool cond, const std::string& what) {
       if (!cond) std::fprintf(stderr, "custom_loop: check failed: %s\n", what.c_str());
