@@ -80,38 +80,55 @@ GradClipper::GradClipper(const std::vector<Bucket>& buckets, int rank, int world
   }
 }
 
-GradClipResult GradClipper::clip(comm::Communicator& comm, std::span<float> grads) const {
-  if (grads.size() != numel_) {
+void GradClipper::check_size(std::size_t floats) const {
+  if (floats != numel_) {
     throw InvalidArgument("gradient clipping for " + std::to_string(numel_) + " floats got " +
-                          std::to_string(grads.size()));
+                          std::to_string(floats));
   }
+}
+
+double GradClipper::local_sum(std::span<const float> grads) const {
+  check_size(grads.size());
   const auto part_sum = [&](const std::vector<GradRange>& part) {
     double sum = 0;
     for (const auto& g : part) sum += sum_of_squares(grads.subspan(g.offset, g.numel));
     return sum;
   };
+  if (exchange_) return part_sum(parts_[std::size_t(rank_)]);
   double total = 0;
-  if (exchange_) {
-    const std::uint64_t mine = std::bit_cast<std::uint64_t>(part_sum(parts_[std::size_t(rank_)]));
-    for (const std::uint64_t word : gather_words(comm, std::span(&mine, 1))) total += std::bit_cast<double>(word);
-  } else {
-    for (const auto& part : parts_) total += part_sum(part);
-  }
+  for (const auto& part : parts_) total += part_sum(part);
+  return total;
+}
+
+double GradClipper::total_sum(comm::Communicator& comm, double local) const {
+  if (!exchange_) return local;
+  const std::uint64_t mine = std::bit_cast<std::uint64_t>(local);
+  double total = 0;
+  for (const std::uint64_t word : gather_words(comm, std::span(&mine, 1))) total += std::bit_cast<double>(word);
+  return total;
+}
+
+GradClipResult GradClipper::scale(std::span<float> grads, double total) const {
+  check_size(grads.size());
   GradClipResult result{.norm = std::sqrt(total)};
   const double factor = double(options_.max_norm) / (result.norm + 1e-6);
   if (factor < 1) {
     result.clipped = true;
     const float f = static_cast<float>(factor);
-    const auto scale = [&](const GradRange& g) {
+    const auto scale_range = [&](const GradRange& g) {
       for (float& x : grads.subspan(g.offset, g.numel)) x *= f;
     };
     if (exchange_) {
-      for (const auto& g : parts_[std::size_t(rank_)]) scale(g);
+      for (const auto& g : parts_[std::size_t(rank_)]) scale_range(g);
     } else {
-      scale({0, numel_});
+      scale_range({0, numel_});
     }
   }
   return result;
+}
+
+GradClipResult GradClipper::clip(comm::Communicator& comm, std::span<float> grads) const {
+  return scale(grads, total_sum(comm, local_sum(grads)));
 }
 
 }  // namespace lockstep::ddp

@@ -459,13 +459,28 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps, c.lr_warmup);
     double gather_ms = 0;  // --zero 1: the weights' all-gather, exposed after the optimizer
     const bool skipped = guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out);
-    if (!skipped && clipper) {  // the same norm on every replica, so the same factor
-      const auto before = comm.stats().bytes_sent;
-      const auto clip = clipper->clip(comm, grads);
-      out.traffic.clip += comm.stats().bytes_sent - before;
+    double clip_ms = 0;  // --clip-grad-norm with --zero 1: the norm's exchange, exposed
+    if (clipper) {  // the same norm on every replica, so the same factor
+      double sum = skipped ? 0 : clipper->local_sum(grads);
+      if (!skipped && clipper->exchanges()) {
+        const auto before = comm.stats().bytes_sent;
+        const auto t_clip = Clock::now();
+        sum = clipper->total_sum(comm, sum);
+        const auto t_clipped = Clock::now();
+        const std::uint64_t sent = comm.stats().bytes_sent - before;
+        out.traffic.clip += sent;
+        clip_ms = ms_between(t_clip, t_clipped);
+        sample.comm += clip_ms;
+        sample.spans.emplace_back(t_clip, t_clipped);
+        recorder.add(Track::Comm, Phase::Allreduce, step, "all-reduce gradient norm", t_clip, t_clipped, sent);
+        recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (gradient norm)", t_clip, t_clipped);
+      }
+      // One entry per step run, NaN for a skipped step (null in the report).
+      const auto clip = skipped ? ddp::GradClipResult{.norm = std::numeric_limits<double>::quiet_NaN()}
+                                : clipper->scale(grads, sum);
       out.grad_norms.push_back(clip.norm);
       out.clipped_steps += clip.clipped ? 1 : 0;
-      window_norm = std::max(window_norm, clip.norm);
+      if (!skipped) window_norm = std::max(window_norm, clip.norm);
       window_clipped += clip.clipped ? 1 : 0;
     }
     if (skipped) {
@@ -510,7 +525,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
-    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms + gather_ms;
+    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms + gather_ms + clip_ms;
     sample.compute = sample.step - sample.exposed;
     out.steps.push_back(sample);
 

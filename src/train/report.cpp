@@ -242,17 +242,26 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
        "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
   if (c.clip_grad_norm > 0) {  // Note [Clipping the averaged gradient]
-    std::vector<double> norms = r.grad_norms;
+    std::vector<double> norms;  // of the steps applied (a skipped step's is NaN)
+    for (double n : r.grad_norms)
+      if (!std::isnan(n)) norms.push_back(n);
     std::sort(norms.begin(), norms.end());
-    std::snprintf(line, sizeof line,
-                  "  clipping     the averaged gradient's norm clipped to %.4g at %lld of %zu steps (norm median "
-                  "%.4g, largest %.4g); every replica computed the same norm",
-                  double(c.clip_grad_norm), (long long)r.clipped_steps, norms.size(),
-                  norms.empty() ? 0.0 : norms[norms.size() / 2], norms.empty() ? 0.0 : norms.back());
-    s += line;
-    s += total_sent(r).clip > 0 ? ", from the shares the replicas exchanged (--zero 1: " +
-                                      human_bytes(double(total_sent(r).clip) / double(r.replicas)) + " per replica)\n"
-                                : ", with no communication\n";
+    const std::size_t k = norms.size();
+    if (k == 0) {
+      std::snprintf(line, sizeof line, "  clipping     to norm %.4g: no step applied a gradient, so none was clipped\n",
+                    double(c.clip_grad_norm));
+      s += line;
+    } else {
+      std::snprintf(line, sizeof line,
+                    "  clipping     the averaged gradient's norm clipped to %.4g at %lld of %zu steps applied (norm "
+                    "median %.4g, largest %.4g); every replica computes it alike",
+                    double(c.clip_grad_norm), (long long)r.clipped_steps, k,
+                    k % 2 == 1 ? norms[k / 2] : (norms[k / 2 - 1] + norms[k / 2]) / 2, norms.back());
+      s += line;
+      s += total_sent(r).clip > 0 ? ", from the parts the replicas exchange (--zero 1: " +
+                                        human_bytes(double(total_sent(r).clip) / double(r.replicas)) + " per replica)\n"
+                                  : ", with no communication\n";
+    }
   }
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += line;
@@ -269,7 +278,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += "\n";
   if (r.resumed_from_step > 0) {
     s += "  resumed      from a checkpoint after step " + std::to_string(r.resumed_from_step) +
-         " (steps and epochs count from the start; samples/s and the timings are this run's)\n";
+         " (steps and epochs count from the start; samples/s" +
+         (c.clip_grad_norm > 0 ? ", the timings and the clipping counts" : " and the timings") + " are this run's)\n";
   }
   if (r.stopped_early) {
     s += "  stopped      early, after step " + std::to_string(r.steps) + " of " + std::to_string(r.steps_planned) +

@@ -282,9 +282,10 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
        .seed = c.seed,
        .last_batch = c.ragged == Ragged::Drop || c.deterministic ? ddp::LastBatch::Drop : ddp::LastBatch::Keep});
   const std::int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * sampler.steps_per_epoch();
-  if (c.lr_warmup >= total_steps) {
-    throw InvalidArgument("--lr-warmup " + std::to_string(c.lr_warmup) + " is as long as the run (" +
-                          std::to_string(total_steps) + " steps), which would never reach --lr; give fewer steps.");
+  if (c.lr_warmup > total_steps) {
+    throw InvalidArgument("--lr-warmup " + std::to_string(c.lr_warmup) + " is longer than the run (" +
+                          std::to_string(total_steps) + " steps), which would end before reaching --lr; give a "
+                          "shorter --lr-warmup, or more --steps or --epochs.");
   }
   for (const auto& f : c.inject) {
     if (f.kind != Fault::Kind::SameSeed && f.step >= total_steps) {

@@ -915,16 +915,22 @@ TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
   const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 10 ";
   const CliRun r = run(common + "--log-every 1 --clip-grad-norm 0.001 --lr-warmup 4 --report " + report.string());
   ASSERT_EQ(r.code, 0) << r.output;
-  // lr 0.1 x 1/4, 3/4 in the warmup; at step 8, cosine's 3 of the 6 steps after it.
-  for (const char* lr : {"step 1/10  loss", "lr 0.025  ", "lr 0.075  ", "step 8/10  loss", "lr 0.05  "}) {
-    EXPECT_NE(r.output.find(lr), std::string::npos) << lr << "\n" << r.output;
+  // lr 0.1 x 1/4 and 3/4 in the warmup (steps 1 and 3); 0.1 at steps 4 and 5,
+  // the warmup's last and the cosine's first; at step 8, the cosine's 3 of its 6.
+  const auto line_of = [&](const std::string& step) {
+    const auto at = r.output.find("step " + step + "/10  loss");
+    return at == std::string::npos ? std::string() : r.output.substr(at, r.output.find('\n', at) - at);
+  };
+  for (const auto& [step, lr] : std::vector<std::pair<std::string, std::string>>{
+           {"1", "lr 0.025  "}, {"3", "lr 0.075  "}, {"4", "lr 0.1  "}, {"5", "lr 0.1  "}, {"8", "lr 0.05  "}}) {
+    EXPECT_NE(line_of(step).find(lr), std::string::npos) << "step " << step << ": " << lr << "\n" << r.output;
   }
-  EXPECT_NE(r.output.find("grad norm "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("grad norm max "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(clipped 1)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("clipping     the averaged gradient's norm clipped to 0.001 at 10 of 10 steps"),
+  EXPECT_NE(r.output.find("clipping     the averaged gradient's norm clipped to 0.001 at 10 of 10 steps applied"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("every replica computed the same norm, with no communication"), std::string::npos)
+  EXPECT_NE(r.output.find("every replica computes it alike, with no communication"), std::string::npos)
       << r.output;
   const auto j = nlohmann::json::parse(std::ifstream(report));
   EXPECT_EQ(j["config"]["lr_warmup"], 4);
@@ -939,9 +945,12 @@ TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
   const CliRun negative = run(common + "--clip-grad-norm -1");
   EXPECT_EQ(negative.code, 2) << negative.output;
   EXPECT_NE(negative.output.find("--clip-grad-norm"), std::string::npos) << negative.output;
-  const CliRun long_warmup = run(common + "--lr-warmup 10");
+  const CliRun tiny = run(common + "--clip-grad-norm 1e-50");  // float32 would hold 0: no clipping
+  EXPECT_EQ(tiny.code, 2) << tiny.output;
+  EXPECT_NE(tiny.output.find("expected 0 (off) or a norm float32 holds"), std::string::npos) << tiny.output;
+  const CliRun long_warmup = run(common + "--lr-warmup 11");
   EXPECT_EQ(long_warmup.code, 2) << long_warmup.output;
-  EXPECT_NE(long_warmup.output.find("--lr-warmup 10 is as long as the run (10 steps)"), std::string::npos)
+  EXPECT_NE(long_warmup.output.find("--lr-warmup 11 is longer than the run (10 steps)"), std::string::npos)
       << long_warmup.output;
 }
 

@@ -120,24 +120,42 @@ TEST(GradClip, ShardedRanksReachTheUnshardedNormToTheBit) {
 }
 
 // Deterministic: one part, the whole gradient, so neither the buckets nor
-// the number of ranks enter the order.
+// the number of ranks enter the order; every rank holds the whole mean and
+// scales all of it, with no exchange. The values span a few scales, so that
+// another order (the ranks' chunks, as without --deterministic) shows.
 TEST(GradClip, DeterministicNormIgnoresBucketsAndRanks) {
   const std::vector<std::size_t> numels = {300, 31, 1000};
-  const auto g = random_values(1331, 5);
-  double first = -1;
+  auto g = random_values(1331, 5);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] *= std::ldexp(1.0f, int(i % 7));
+  const double want = std::sqrt(sum_of_squares(g));
+  bool another_order_differs = false;  // so the test would see the chunked order
   for (int n : {1, 2, 4}) {
     for (std::size_t first_bucket : {std::size_t{256}, std::size_t{1} << 20}) {
-      auto grads = g;
-      rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
-        const auto r = GradClipper(assign_buckets(numels, first_bucket, 2048), 0, n, grads.size(),
-                                   {.max_norm = 1e30f, .sharded = n > 1, .deterministic = true})
-                           .clip(comm, grads);
-        if (first < 0) first = r.norm;
-        EXPECT_TRUE(same_bits(r.norm, first)) << n;
-        EXPECT_TRUE(same_bits(r.norm, std::sqrt(sum_of_squares(g)))) << n;
+      const auto buckets = assign_buckets(numels, first_bucket, 2048);
+      std::vector<std::vector<float>> grads(static_cast<std::size_t>(n), g);
+      std::vector<GradClipResult> results(static_cast<std::size_t>(n));
+      rethrow_first(run_ranks(n, [&](comm::Communicator& comm) {
+        const std::size_t r = std::size_t(comm.rank());
+        const GradClipper clipper(buckets, comm.rank(), n, g.size(),
+                                  {.max_norm = 1.0f, .sharded = n > 1, .deterministic = true});
+        EXPECT_FALSE(clipper.exchanges());
+        results[r] = clipper.clip(comm, grads[r]);
       }));
+      for (int r = 0; r < n; ++r) {
+        EXPECT_TRUE(same_bits(results[std::size_t(r)].norm, want)) << "n=" << n << " rank " << r;
+        EXPECT_TRUE(results[std::size_t(r)].clipped);
+        EXPECT_EQ(0, std::memcmp(grads[std::size_t(r)].data(), grads[0].data(), g.size() * sizeof(float)));
+      }
+      if (n > 1) {  // the chunked order of the replicated mode gives other bits for these values
+        double chunked = 0;
+        for (int r = 0; r < n; ++r)
+          for (const auto& range : owned_ranges(buckets, r, n))
+            chunked += sum_of_squares(std::span<const float>(g).subspan(range.offset, range.numel));
+        another_order_differs = another_order_differs || !same_bits(std::sqrt(chunked), want);
+      }
     }
   }
+  EXPECT_TRUE(another_order_differs);
 }
 
 TEST(GradClip, RefusesWhatItCannotClip) {

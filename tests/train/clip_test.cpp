@@ -203,6 +203,51 @@ TEST(Clip, ACheckpointFromBeforeTheSettingsResumesWithTheirDefaults) {
   }
 }
 
+// A skipped step (a non-finite gradient) applies nothing and has no norm:
+// NaN in its place, so that grad_norms[i] is always step i's. Under --zero 1
+// the norm's exchange is communication, on the trace's communication track
+// and counted in the step's communication time, never under --zero 0.
+TEST(Clip, ASkippedStepHasNoNormAndTheExchangeIsCommunication) {
+  const auto data = synthetic_data(1024);
+  auto c = clip_config(3);
+  c.steps = 8;
+  c.clip_grad_norm = 0.3f;
+  c.inject = {fault_from_string("nan@3:1")};
+  c.record_timeline = true;
+  for (int zero : {0, 1}) {
+    c.zero = zero;
+    const auto r = train(c, data);
+    ASSERT_EQ(r.grad_norms.size(), 8u) << zero;
+    ASSERT_EQ(r.skipped.size(), 1u);
+    for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(std::isnan(r.grad_norms[i]), i == 3) << i;
+    std::size_t exchanges = 0;
+    for (const auto& e : r.timeline) {
+      if (e.name != "all-reduce gradient norm") continue;
+      ++exchanges;
+      EXPECT_EQ(e.track, Track::Comm);
+      EXPECT_GT(e.bytes, 0u);
+      EXPECT_NE(e.step, 3);
+    }
+    EXPECT_EQ(exchanges, zero == 1 ? 7u * 3 : 0u) << "every replica, every applied step";
+  }
+}
+
+// The warmup may take the whole run: its last step is the first at --lr.
+TEST(Clip, AWarmupAsLongAsTheRunEndsAtTheLearningRate) {
+  const auto data = synthetic_data(512);
+  auto c = clip_config(2);
+  c.steps = 6;
+  c.lr_warmup = 6;
+  c.log_every = 1;
+  std::vector<float> rates;
+  TrainHooks hooks;
+  hooks.on_progress = [&](const Progress& p) { rates.push_back(p.lr); };
+  train(c, data, hooks);
+  ASSERT_EQ(rates.size(), 6u);
+  EXPECT_EQ(rates.front(), c.lr / 6);
+  EXPECT_EQ(rates.back(), c.lr);
+}
+
 TEST(Clip, RefusesWhatCannotRun) {
   const auto data = synthetic_data(512);
   auto expect_refused = [&](TrainConfig c, const std::string& says) {
@@ -214,8 +259,8 @@ TEST(Clip, RefusesWhatCannotRun) {
     }
   };
   auto c = clip_config(2);
-  c.lr_warmup = 12;
-  expect_refused(c, "--lr-warmup 12 is as long as the run (12 steps)");
+  c.lr_warmup = 13;
+  expect_refused(c, "--lr-warmup 13 is longer than the run (12 steps)");
   c.lr_warmup = -1;
   expect_refused(c, "--lr-warmup must be 0");
   c = clip_config(2);

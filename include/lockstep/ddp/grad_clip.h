@@ -51,9 +51,20 @@ class GradClipper {
   // multiplies the gradient (this rank's ranges, sharded) by
   // max_norm / (norm + 1e-6), as torch does. Throws InvalidArgument if
   // `grads` is not `numel` floats; collective errors when sharded.
+  // The same as scale(grads, total_sum(comm, local_sum(grads))).
   GradClipResult clip(comm::Communicator& comm, std::span<float> grads) const;
 
+  // clip()'s three steps, for a caller that times the exchange apart:
+  // this rank's sum of squares (every part's, unless it exchanges);
+  bool exchanges() const { return exchange_; }
+  double local_sum(std::span<const float> grads) const;
+  // the whole sum (a collective if exchanges(): one all-reduce of 4N floats);
+  double total_sum(comm::Communicator& comm, double local) const;
+  // the norm, and the scaling if it is over max_norm.
+  GradClipResult scale(std::span<float> grads, double total) const;
+
  private:
+  void check_size(std::size_t floats) const;
   // The norm's terms: part k is a list of ranges; norm^2 = the sum over k,
   // in order, of the sums of squares of part k's ranges, in order.
   std::vector<std::vector<GradRange>> parts_;
