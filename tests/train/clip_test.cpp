@@ -15,24 +15,14 @@
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
+#include "train_helpers.h"
 
 namespace lockstep::train {
 namespace {
 
+using testing::bucketed_config;
+using testing::expect_refused;
 using testing::synthetic_data;
-
-TrainConfig clip_config(int replicas) {
-  TrainConfig c;
-  c.replicas = replicas;
-  c.micro_batch = 16;
-  c.hidden = {32, 16};
-  c.steps = 12;
-  c.evaluate = false;
-  c.first_bucket_mb = 0.0005;  // a bucket per layer of the 2.3k-parameter model (48-32-16-10)
-  c.bucket_mb = 0.001;
-  c.timeout = std::chrono::seconds(20);
-  return c;
-}
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -43,7 +33,7 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 // gradient g, times max / (|g| + 1e-6) when |g| is over max, on every replica.
 TEST(Clip, TheFirstUpdateUsesTheAveragedGradientScaledToTheNorm) {
   const auto data = synthetic_data(1024);
-  auto c = clip_config(4);
+  auto c = bucketed_config(4);
   c.steps = 1;
   auto first_momentum = [&](const TrainConfig& config, TrainResult* result) {
     std::map<int, std::vector<float>> by_rank;
@@ -93,7 +83,7 @@ TEST(Clip, EveryReplicaClipsAlikeOnEveryPath) {
     for (auto algorithm : {comm::Algorithm::Auto, comm::Algorithm::Ring}) {
       for (int n : {3, 8}) {
         SCOPED_TRACE(std::string(opt) + " " + comm::to_string(algorithm) + " n=" + std::to_string(n));
-        auto replicated = clip_config(n);
+        auto replicated = bucketed_config(n);
         replicated.optimizer = opt;
         replicated.lr = replicated.optimizer == "adamw" ? 1e-2f : 0.5f;
         replicated.algorithm = algorithm;
@@ -114,7 +104,7 @@ TEST(Clip, EveryReplicaClipsAlikeOnEveryPath) {
       }
     }
   }
-  auto one = clip_config(1);
+  auto one = bucketed_config(1);
   one.micro_batch = 64;
   one.deterministic = true;
   one.atom = 8;
@@ -138,7 +128,7 @@ TEST(Clip, EveryReplicaClipsAlikeOnEveryPath) {
 // warmup; and a run resumed mid-warmup, clipping, ends as the unbroken run.
 TEST(Clip, WarmupRatesAndAResumedClippedRun) {
   const auto data = synthetic_data(1024);
-  auto c = clip_config(2);
+  auto c = bucketed_config(2);
   c.steps = 20;
   c.lr_warmup = 8;
   c.log_every = 1;
@@ -180,7 +170,7 @@ TEST(Clip, WarmupRatesAndAResumedClippedRun) {
 // sets either is told which differs.
 TEST(Clip, ACheckpointFromBeforeTheSettingsResumesWithTheirDefaults) {
   const auto data = synthetic_data(512);
-  auto c = clip_config(2);
+  auto c = bucketed_config(2);
   LoadedCheckpoint cp;
   cp.steps_done = 1;
   cp.steps_planned = 12;
@@ -209,7 +199,7 @@ TEST(Clip, ACheckpointFromBeforeTheSettingsResumesWithTheirDefaults) {
 // and counted in the step's communication time, never under --zero 0.
 TEST(Clip, ASkippedStepHasNoNormAndTheExchangeIsCommunication) {
   const auto data = synthetic_data(1024);
-  auto c = clip_config(3);
+  auto c = bucketed_config(3);
   c.steps = 8;
   c.clip_grad_norm = 0.3f;
   c.inject = {fault_from_string("nan@3:1")};
@@ -235,7 +225,7 @@ TEST(Clip, ASkippedStepHasNoNormAndTheExchangeIsCommunication) {
 // The warmup may take the whole run: its last step is the first at --lr.
 TEST(Clip, AWarmupAsLongAsTheRunEndsAtTheLearningRate) {
   const auto data = synthetic_data(512);
-  auto c = clip_config(2);
+  auto c = bucketed_config(2);
   c.steps = 6;
   c.lr_warmup = 6;
   c.log_every = 1;
@@ -250,24 +240,16 @@ TEST(Clip, AWarmupAsLongAsTheRunEndsAtTheLearningRate) {
 
 TEST(Clip, RefusesWhatCannotRun) {
   const auto data = synthetic_data(512);
-  auto expect_refused = [&](TrainConfig c, const std::string& says) {
-    try {
-      train(c, data);
-      ADD_FAILURE() << "not refused: " << says;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-  };
-  auto c = clip_config(2);
+  auto c = bucketed_config(2);
   c.lr_warmup = 13;
-  expect_refused(c, "--lr-warmup 13 is longer than the run (12 steps)");
+  expect_refused(c, data, "--lr-warmup 13 is longer than the run (12 steps)");
   c.lr_warmup = -1;
-  expect_refused(c, "--lr-warmup must be 0");
-  c = clip_config(2);
+  expect_refused(c, data, "--lr-warmup must be 0");
+  c = bucketed_config(2);
   c.clip_grad_norm = -1;
-  expect_refused(c, "--clip-grad-norm must be a positive number");
+  expect_refused(c, data, "--clip-grad-norm must be a positive number");
   c.clip_grad_norm = std::nanf("");
-  expect_refused(c, "--clip-grad-norm must be a positive number");
+  expect_refused(c, data, "--clip-grad-norm must be a positive number");
 }
 
 }  // namespace

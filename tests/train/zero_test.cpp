@@ -11,24 +11,19 @@
 #include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
+#include "train_helpers.h"
 
 namespace lockstep::train {
 namespace {
 
+using testing::bucketed_config;
+using testing::expect_refused;
 using testing::synthetic_data;
 
 TrainConfig zero_config(int replicas, const char* optimizer = "sgd") {
-  TrainConfig c;
-  c.replicas = replicas;
-  c.micro_batch = 16;
-  c.hidden = {32, 16};
-  c.steps = 12;
+  TrainConfig c = bucketed_config(replicas);
   c.optimizer = optimizer;
   c.lr = c.optimizer == "adamw" ? 1e-3f : 0.1f;
-  c.evaluate = false;
-  c.first_bucket_mb = 0.0005;  // a bucket per layer of the 2.3k-parameter model (48-32-16-10)
-  c.bucket_mb = 0.001;
-  c.timeout = std::chrono::seconds(20);
   return c;
 }
 
@@ -209,28 +204,20 @@ TEST(Zero, DeterministicStaysBitExactForAnyReplicaCount) {
 
 TEST(Zero, RefusesWhatItCannotShard) {
   const auto data = synthetic_data(1024);
-  auto expect_refused = [&](TrainConfig c, const std::string& says) {
-    try {
-      train(c, data);
-      ADD_FAILURE() << "not refused: " << says;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-  };
   auto c = zero_config(1);
   c.zero = 1;
-  expect_refused(c, "one replica has nothing to shard with");
+  expect_refused(c, data, "one replica has nothing to shard with");
   c = zero_config(4);
   c.zero = 2;
-  expect_refused(c, "stages 2 and 3 are not trained, but every lockstep plan prices them");
+  expect_refused(c, data, "stages 2 and 3 are not trained, but every lockstep plan prices them");
   c.zero = -1;
-  expect_refused(c, "--zero -1: lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state).");
+  expect_refused(c, data, "--zero -1: lockstep trains with stage 0 (replicated) or 1 (sharded optimizer state).");
   c.zero = 1;
   c.compression = ddp::Compression::Bf16;
-  expect_refused(c, "--compress bf16 cannot be combined");
+  expect_refused(c, data, "--compress bf16 cannot be combined");
   c.compression = ddp::Compression::None;
   c.algorithm = comm::Algorithm::HalvingDoubling;
-  expect_refused(c, "--algorithm halving_doubling would be ignored");
+  expect_refused(c, data, "--algorithm halving_doubling would be ignored");
 }
 
 }  // namespace
