@@ -156,7 +156,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     s += line;
   } else {
   char sizes[96];
-  if (c.bucket_mb == 0) {
+  if (c.one_bucket_on_shared_cores) {
+    std::snprintf(sizes, sizeof sizes, "every gradient in one: the replicas share the cores, nothing would overlap");
+  } else if (c.bucket_mb == 0) {
     std::snprintf(sizes, sizeof sizes, "--bucket-mb 0: every gradient in one");
   } else {
     std::snprintf(sizes, sizeof sizes, "first %.3g MiB, then %.3g MiB", c.first_bucket_mb, c.bucket_mb);
@@ -323,6 +325,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
                  {"atom", c.atom},
                  {"first_bucket_mb", c.first_bucket_mb},
                  {"bucket_mb", c.bucket_mb},
+                 {"one_bucket_on_shared_cores", c.one_bucket_on_shared_cores},
                  {"algorithm", comm::to_string(c.algorithm)},
                  {"compress", c.compression == ddp::Compression::Bf16 ? "bf16" : "none"},
                  {"zero", r.zero},

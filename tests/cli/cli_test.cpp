@@ -954,6 +954,33 @@ TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
       << long_warmup.output;
 }
 
+// Note [One bucket on shared cores]: with as many replicas as the host has
+// cores, every gradient goes in one bucket, and the summary says why; a
+// bucket flag, --overlap on or a modelled link keeps the buckets.
+TEST(Cli, ReplicasSharingTheCoresTakeOneBucket) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 64) GTEST_SKIP() << "the data set has 64 samples: at most 64 replicas of 1";
+  const fs::path dir = make_data_dir("cli_one_bucket");
+  const fs::path report = dir / "one_bucket.json";
+  const std::string common = "train --data " + dir.string() + " --replicas " + std::to_string(std::max(2L, cores)) +
+                             " --micro-batch 1 --steps 2 --quiet --report " + report.string() + " ";
+  struct Case {
+    std::string flags;
+    bool one_bucket;
+  };
+  for (const auto& k : {Case{"", true}, Case{"--bucket-mb 25", false}, Case{"--first-bucket-mb 1", false},
+                        Case{"--overlap on", false}, Case{"--link-latency 1us", false}}) {
+    const CliRun r = run(common + k.flags);
+    ASSERT_EQ(r.code, 0) << k.flags << "\n" << r.output;
+    const auto j = nlohmann::json::parse(std::ifstream(report));
+    EXPECT_EQ(j["config"]["one_bucket_on_shared_cores"], k.one_bucket) << k.flags;
+    // The default MLP on 16 features: 1.09 MB of gradients, two buckets (1 MiB first) unless one.
+    EXPECT_EQ(j["buckets"].size(), k.one_bucket ? 1u : 2u) << k.flags;
+    EXPECT_EQ(r.output.find("every gradient in one: the replicas share the cores") != std::string::npos, k.one_bucket)
+        << k.flags << "\n" << r.output;
+  }
+}
+
 TEST(Cli, AccumulateIsInTheSummary) {
   const fs::path dir = make_data_dir("cli_accumulate");
   const CliRun r =

@@ -231,6 +231,12 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
     const auto jb = nlohmann::json::parse(read_file(dir / "gloo.json"));
     EXPECT_NEAR(ja["final_loss"].get<double>(), jb["final_loss"].get<double>(), 1e-6);
     EXPECT_EQ(jb["replicas"], n);
+    // Note [One bucket on shared cores]: processes and threads alike take one
+    // bucket where the host's cores are all computing (on a 2-core host, here).
+    const bool shared = jb["config"]["one_bucket_on_shared_cores"].get<bool>();
+    EXPECT_EQ(ja["config"]["one_bucket_on_shared_cores"], shared);
+    if (n >= sysconf(_SC_NPROCESSORS_ONLN)) EXPECT_TRUE(shared);
+    EXPECT_EQ(jb["buckets"].size(), shared ? 1u : ja["buckets"].size());
     // Rank 0 alone printed the summary, relayed as is (so --json parses);
     // any other rank's line would carry its rank.
     const std::string out = launched.out();

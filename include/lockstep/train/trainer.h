@@ -108,6 +108,10 @@ struct TrainConfig {
   comm::Algorithm algorithm = comm::Algorithm::Auto;
   double first_bucket_mb = 1;  // gradient buckets (ddp/reducer.h); bucket_mb 0 = one bucket
   double bucket_mb = 25;
+  // Set by lockstep train, which then sets bucket_mb 0: the replicas share
+  // their host's cores, so nothing would overlap (docs/design.md, "One
+  // bucket on shared cores"). Only what the summary and report say.
+  bool one_bucket_on_shared_cores = false;
   ddp::Compression compression = ddp::Compression::None;
   Overlap overlap = Overlap::Auto;
   comm::LinkModel link;  // modelled interconnect between the replicas; default: none
