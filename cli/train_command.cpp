@@ -507,16 +507,18 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 // modelled link keeps the buckets: its delay is a sleep, not a core's work.
 // Every rank takes the same decision (the bucket layout is checked across
 // ranks): whether any host is so loaded, agreed in one small all-reduce.
+// Every rank of a group takes part in the all-reduce, whatever its flags: a
+// rank given other flags than the rest gets another bucket layout, which the
+// start-up handshake then names, instead of a collective the others never join.
 void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group) {
   auto& c = f.config;
   const auto given = [&](const char* flag) { return f.cmd->get_option(flag)->count() > 0; };
-  if (c.overlap != train::Overlap::Auto || c.link.enabled() || c.deterministic || given("--bucket-mb") ||
-      given("--first-bucket-mb"))
-    return;
+  const bool eligible = c.overlap == train::Overlap::Auto && !c.link.enabled() && !c.deterministic &&
+                        !given("--bucket-mb") && !given("--first-bucket-mb") && c.replicas > 1;
   const int ranks_here = group == nullptr ? c.replicas : ranks_on_this_host(*group);
-  float shared = ranks_here >= host_cores() ? 1.0f : 0.0f;
+  float shared = eligible && ranks_here >= host_cores() ? 1.0f : 0.0f;
   if (group != nullptr) comm::allreduce(*group, std::span(&shared, 1), {.op = comm::ReduceOp::Max});
-  if (shared > 0 && c.replicas > 1) {
+  if (eligible && shared > 0) {
     c.bucket_mb = 0;
     c.one_bucket_on_shared_cores = true;
   }
