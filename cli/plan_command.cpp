@@ -41,6 +41,7 @@ struct PlanFlags {
   bool json = false, published = false;
   std::string svg_file;
   CLI::Option *replicas_opt = nullptr, *micro_batch_opt = nullptr;
+  CLI::Option *bucket_mb_opt = nullptr, *first_bucket_mb_opt = nullptr;
 };
 
 cost::Optimizer optimizer_from(const std::string& name) {
@@ -214,6 +215,8 @@ int run_plan(PlanFlags& f) {
                           f.launch + ".");
   s.reduce_bytes_per_s = device.memory_bandwidth / 3;  // read two operands, write one
   s.host_cores = f.host_cores;
+  // What lockstep train does on shared cores (Note [One bucket on shared cores]).
+  s.one_bucket_on_shared_cores = f.bucket_mb_opt->count() == 0 && f.first_bucket_mb_opt->count() == 0;
   try {
     s.host_latency_s = std::chrono::duration<double>(comm::parse_latency(f.host_latency)).count();
   } catch (const InvalidArgument&) {
@@ -315,11 +318,11 @@ Action add_plan_command(CLI::App& app) {
          "All-reduce algorithm (best: the cheapest per bucket; auto: what `lockstep train` does over a "
          "modelled link)")
       ->check(CLI::IsMember({"best", "auto", "ring", "halving_doubling", "tree", "hierarchical"}));
-  cmd->add_option("--bucket-mb", f->bucket_mb,
+  f->bucket_mb_opt = cmd->add_option("--bucket-mb", f->bucket_mb,
                   "Gradient bucket size in MiB (0: one bucket after backward); with --launch cycles, the "
                   "fusion cap (0: no fusion)")
       ->check(number_in(0.0, 1e6));
-  cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
+  f->first_bucket_mb_opt = cmd->add_option("--first-bucket-mb", f->first_bucket_mb, "Size in MiB of the first bucket")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--launch", f->launch,
                   "When all-reduces start (buckets: lockstep's and PyTorch DDP's, a bucket when its last "

@@ -63,7 +63,10 @@ std::string plan_table(const Plan& plan) {
       : s.launch == StepOptions::Launch::Cycles
           ? (s.bucket_mb > 0 ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
                              : strf("every %.3g ms, not fused", s.cycle_ms))
-                                                : strf("buckets %.3g/%.3g MiB", s.first_bucket_mb, s.bucket_mb);
+          : strf("buckets %.3g/%.3g MiB%s", s.first_bucket_mb, s.bucket_mb,
+                 s.one_bucket_on_shared_cores && s.host_cores > 0
+                     ? strf(" (one where the replicas fill the %d cores, as lockstep train)", s.host_cores).c_str()
+                     : "");
   const std::string algorithm =
       s.zero1 ? "ring reduce-scatter + all-gather (--zero 1: optimizer state sharded)" : to_string(s.algorithm);
   t += strf("\nall-reduce %s, %s%s, accumulate %lld, %s, %.3g per device-hour", algorithm.c_str(),

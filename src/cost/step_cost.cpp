@@ -266,7 +266,8 @@ StepPrediction predict_step(const Profile& profile, const StepOptions& o) {
     for (std::size_t i = n; i-- > 0;) buckets.push_back({.numel = numels[i], .tensors = {i}});
   } else {
     const auto mib = [](double mb) { return static_cast<std::size_t>(std::llround(mb * (1 << 20))); };
-    buckets = ddp::assign_buckets(numels, mib(o.first_bucket_mb), mib(o.bucket_mb));
+    const bool one = o.one_bucket_on_shared_cores && o.host_cores > 0 && o.replicas >= o.host_cores;
+    buckets = ddp::assign_buckets(numels, mib(o.first_bucket_mb), one ? 0 : mib(o.bucket_mb));
   }
   for (const auto& b : buckets) {
     if (b.numel == 0) continue;

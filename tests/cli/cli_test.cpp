@@ -1217,6 +1217,13 @@ TEST(Cli, PlanModelsReplicasSharingCores) {
   EXPECT_DOUBLE_EQ(s[0]["compute_ms"].get<double>(), a[0]["compute_ms"].get<double>());
   EXPECT_NEAR(s[1]["compute_ms"].get<double>(), 4 * a[1]["compute_ms"].get<double>(), 1e-9);
   EXPECT_GT(s[1]["alpha_ms"].get<double>(), a[1]["alpha_ms"].get<double>());
+  // 8 replicas fill the 2 cores: one bucket, as lockstep train takes there,
+  // unless a bucket flag is given.
+  EXPECT_EQ(a[1]["buckets"], 2);
+  EXPECT_EQ(s[1]["buckets"], 1);
+  const CliRun flagged = run("plan --replicas 1,8 --host-cores 2 --host-latency 20us --bucket-mb 25 --json");
+  ASSERT_EQ(flagged.code, 0) << flagged.output;
+  EXPECT_EQ(nlohmann::json::parse(flagged.output)["rows"][1]["buckets"], 2);
   // The JSON says what it was given (it left both out).
   const auto inputs = nlohmann::json::parse(shared.output)["inputs"];
   EXPECT_EQ(inputs["host_cores"], 2);

@@ -51,6 +51,9 @@ struct StepOptions {
   double first_bucket_mb = 1;     // MiB, as ddp::ReducerOptions
   double bucket_mb = 25;          // MiB; 0 = one bucket after backward (no overlap); with Cycles, the
                                   // fusion cap in bytes on the wire, 0 = no fusion (Horovod's threshold 0)
+  // As lockstep train with --overlap auto and no bucket flag: with Buckets,
+  // one bucket where the replicas fill the shared cores (replicas >= host_cores > 0).
+  bool one_bucket_on_shared_cores = false;
   // How gradients are grouped into all-reduces (docs/cost-model.md, "Launch schedules"):
   // - Buckets: lockstep's and PyTorch DDP's; a bucket launches when its last gradient is ready.
   // - PerLayer: one all-reduce per layer, as soon as its gradient is ready (Goyal et al. 2017).
