@@ -493,6 +493,10 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
   }
 }
 
+bool bucket_flag_given(const TrainFlags& f) {
+  return f.cmd->get_option("--bucket-mb")->count() > 0 || f.cmd->get_option("--first-bucket-mb")->count() > 0;
+}
+
 // Note [One bucket on shared cores]: buckets exist so that the all-reduce
 // of the last layers' gradients runs while backward computes the first
 // layers'. That needs a core to run it. Where a host runs at least as many
@@ -507,20 +511,48 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
 // modelled link keeps the buckets: its delay is a sleep, not a core's work.
 // Every rank takes the same decision (the bucket layout is checked across
 // ranks): whether any host is so loaded, agreed in one small all-reduce.
-// Every rank of a group takes part in the all-reduce, whatever its flags: a
-// rank given other flags than the rest gets another bucket layout, which the
-// start-up handshake then names, instead of a collective the others never join.
+// Every rank of a group takes part in the all-reduce, whatever its flags,
+// and the group takes one bucket only if no rank was told otherwise (a bucket
+// flag, --overlap on|off, a link): ranks whose flags differ only in ways that
+// did not change the layout before still agree on it.
 void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group) {
   auto& c = f.config;
-  const auto given = [&](const char* flag) { return f.cmd->get_option(flag)->count() > 0; };
   const bool eligible = c.overlap == train::Overlap::Auto && !c.link.enabled() && !c.deterministic &&
-                        !given("--bucket-mb") && !given("--first-bucket-mb") && c.replicas > 1;
+                        !bucket_flag_given(f) && c.replicas > 1;
   const int ranks_here = group == nullptr ? c.replicas : ranks_on_this_host(*group);
-  float shared = eligible && ranks_here >= host_cores() ? 1.0f : 0.0f;
-  if (group != nullptr) comm::allreduce(*group, std::span(&shared, 1), {.op = comm::ReduceOp::Max});
-  if (eligible && shared > 0) {
+  // {some host's cores are shared, some rank is not eligible}: one max.
+  float votes[2] = {ranks_here >= host_cores() ? 1.0f : 0.0f, eligible ? 0.0f : 1.0f};
+  if (group != nullptr) comm::allreduce(*group, std::span(votes), {.op = comm::ReduceOp::Max});
+  if (votes[0] > 0 && votes[1] == 0) {
     c.bucket_mb = 0;
     c.one_bucket_on_shared_cores = true;
+  }
+}
+
+// --resume with no bucket flag: the checkpoint's layout, if it is one of the
+// two lockstep train takes by itself (the defaults, or one bucket), whatever
+// this run's host would take. The layout shapes the weights over processes,
+// and a resumed run keeps the writer's settings.
+void buckets_from_checkpoint(TrainFlags& f, const data::ImageClassificationData& data) {
+  auto& c = f.config;
+  if (!f.resume || bucket_flag_given(f) || c.deterministic) return;
+  const auto transport = comm::to_string(backend_of(f.group));
+  const auto layout = [&](const std::vector<std::pair<std::string, std::string>>& fields) {
+    const auto it = std::find_if(fields.begin(), fields.end(),
+                                 [](const auto& field) { return field.first.rfind("bucket layout", 0) == 0; });
+    return it == fields.end() ? std::string() : it->second;
+  };
+  const std::string theirs = layout(f.resume->fields);
+  if (theirs == layout(train::trajectory_fields(c, data, transport))) return;
+  for (const double bucket_mb : {train::TrainConfig{}.bucket_mb, 0.0}) {
+    auto other = c;
+    other.bucket_mb = bucket_mb;
+    if (layout(train::trajectory_fields(other, data, transport)) == theirs) {
+      c.bucket_mb = bucket_mb;
+      c.one_bucket_on_shared_cores = false;
+      c.buckets_from_checkpoint = true;
+      return;
+    }
   }
 }
 
@@ -535,22 +567,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     throw InvalidArgument("--profile times every step but the first (which warms up), and this run has " +
                           std::to_string(steps) + "; give --steps 2 or more.");
   }
-  if (f.resume && c.one_bucket_on_shared_cores) {
-    // A checkpoint written with the default buckets (on a host with cores
-    // to spare, or by an earlier lockstep) goes on with them: the bucket
-    // layout shapes the weights over processes, and is the writer's.
-    auto with_buckets = c;
-    with_buckets.bucket_mb = train::TrainConfig{}.bucket_mb;
-    with_buckets.one_bucket_on_shared_cores = false;
-    const auto transport = comm::to_string(backend_of(f.group));
-    const auto layout = [&](const std::vector<std::pair<std::string, std::string>>& fields) {
-      const auto it = std::find_if(fields.begin(), fields.end(), [](const auto& field) {
-        return field.first.rfind("bucket layout", 0) == 0;
-      });
-      return it == fields.end() ? std::string() : it->second;
-    };
-    if (layout(f.resume->fields) == layout(train::trajectory_fields(with_buckets, data, transport))) c = with_buckets;
-  }
+  buckets_from_checkpoint(f, data);
   if (f.resume) {
     try {
       train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
@@ -764,8 +781,8 @@ Action add_train_command(CLI::App& app) {
          "batch = replicas x micro-batch x accumulate")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--bucket-mb", c.bucket_mb,
-                  "Gradient bucket size in MiB (0: one bucket after backward, no overlap; unless given, also 0 "
-                  "where a host runs as many replicas as it has cores: nothing would overlap)")
+                  "Gradient bucket size in MiB (0: one bucket after backward, no overlap; with --overlap auto, "
+                  "unless given or with a link, also 0 where a host runs as many replicas as it has cores)")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", c.first_bucket_mb,
                   "Size in MiB of the first bucket (the last layers' gradients, ready first)")

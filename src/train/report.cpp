@@ -159,9 +159,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   if (c.one_bucket_on_shared_cores) {
     std::snprintf(sizes, sizeof sizes, "every gradient in one: the replicas share the cores, nothing would overlap");
   } else if (c.bucket_mb == 0) {
-    std::snprintf(sizes, sizeof sizes, "--bucket-mb 0: every gradient in one");
+    std::snprintf(sizes, sizeof sizes, "%severy gradient in one",
+                  c.buckets_from_checkpoint ? "the checkpoint's: " : "--bucket-mb 0: ");
   } else {
-    std::snprintf(sizes, sizeof sizes, "first %.3g MiB, then %.3g MiB", c.first_bucket_mb, c.bucket_mb);
+    std::snprintf(sizes, sizeof sizes, "%sfirst %.3g MiB, then %.3g MiB",
+                  c.buckets_from_checkpoint ? "the checkpoint's: " : "", c.first_bucket_mb, c.bucket_mb);
   }
   // One bucket is ready only when backward has ended, even on a thread of its own.
   const char* when = r.overlapped && r.buckets.size() > 1 ? "during backward"

@@ -537,6 +537,46 @@ TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
   }
 }
 
+// Note [One bucket on shared cores] over processes: the ranks agree. Two
+// ranks counted one per host (LOCAL_WORLD_SIZE=1, as on two hosts) keep the
+// buckets on a host of 2 or more cores; one of them counted two to a host
+// (2 on its host of 2 cores, here) makes both take one bucket; and a rank
+// given --overlap on keeps the buckets for both, so neither is refused.
+TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 2 || cores > 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
+  const auto data = make_data_dir("one_bucket");
+  struct Case {
+    const char* name;
+    const char* local[2];        // LOCAL_WORLD_SIZE of rank 0 and rank 1
+    const char* rank0_flag;      // or nullptr
+    bool one_bucket;
+  };
+  for (const Case& k : {Case{"one per host", {"1", "1"}, nullptr, false}, Case{"one host full", {"1", "2"}, nullptr, true},
+                        Case{"overlap on at rank 0", {"2", "2"}, "--overlap", false}}) {
+    SCOPED_TRACE(k.name);
+    const auto dir = run_dir(std::string("one_bucket_") + k.local[0] + k.local[1] + (k.rank0_flag ? "on" : ""));
+    const auto report = dir / "r.json";
+    fs::create_directories(dir / "rv");
+    std::vector<std::unique_ptr<CliRun>> all;
+    for (int r = 0; r < 2; ++r) {
+      auto args = train_args(data, {"--steps", "2", "--backend", "gloo", "--rank", std::to_string(r), "--world-size",
+                                    "2", "--rendezvous", "file:" + (dir / "rv").string(), "--timeout", "20"});
+      *(std::find(args.begin(), args.end(), "--hidden") + 1) = "600,600";  // 1.4 MB: two buckets by default
+      if (r == 0) args.insert(args.end(), {"--report", report.string()});
+      if (r == 0 && k.rank0_flag) args.insert(args.end(), {k.rank0_flag, "on"});
+      ::setenv("LOCAL_WORLD_SIZE", k.local[r], 1);  // inherited by the rank started now
+      fs::create_directories(dir / ("rank" + std::to_string(r)));
+      all.push_back(std::make_unique<CliRun>(dir / ("rank" + std::to_string(r)), args));
+    }
+    ::unsetenv("LOCAL_WORLD_SIZE");
+    for (auto& rank : all) ASSERT_EQ(rank->wait(), 0) << rank->err();
+    const auto j = nlohmann::json::parse(read_file(report));
+    EXPECT_EQ(j["config"]["one_bucket_on_shared_cores"], k.one_bucket);
+    EXPECT_EQ(j["buckets"].size(), k.one_bucket ? 1u : 2u);
+  }
+}
+
 // Ranks started by hand, each with its own command line: one with
 // --normalize trains on other inputs, and one with another --log-every would
 // make its progress collectives at other steps. Both are refused at start,

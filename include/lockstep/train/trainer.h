@@ -110,8 +110,11 @@ struct TrainConfig {
   double bucket_mb = 25;
   // Set by lockstep train, which then sets bucket_mb 0: the replicas share
   // their host's cores, so nothing would overlap (docs/design.md, "One
-  // bucket on shared cores"). Only what the summary and report say.
+  // step"). Only what the summary and report say.
   bool one_bucket_on_shared_cores = false;
+  // Set by lockstep train when a --resume run took the checkpoint's bucket
+  // layout, no bucket flag having been given. Only what the summary says.
+  bool buckets_from_checkpoint = false;
   ddp::Compression compression = ddp::Compression::None;
   Overlap overlap = Overlap::Auto;
   comm::LinkModel link;  // modelled interconnect between the replicas; default: none
