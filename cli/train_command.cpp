@@ -510,11 +510,10 @@ bool bucket_flag_given(const TrainFlags& f) {
 // --overlap auto and no bucket flag, such a run takes one bucket. A
 // modelled link keeps the buckets: its delay is a sleep, not a core's work.
 // Every rank takes the same decision (the bucket layout is checked across
-// ranks): whether any host is so loaded, agreed in one small all-reduce.
-// Every rank of a group takes part in the all-reduce, whatever its flags,
-// and the group takes one bucket only if no rank was told otherwise (a bucket
-// flag, --overlap on|off, a link): ranks whose flags differ only in ways that
-// did not change the layout before still agree on it.
+// ranks), in one small all-reduce that every rank joins whatever its flags:
+// one bucket if some host is so loaded and no rank was told otherwise (a
+// bucket flag, --overlap on|off, a link), so that ranks whose flags differ
+// only in ways that did not change the layout before still agree on it.
 void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group) {
   auto& c = f.config;
   const bool eligible = c.overlap == train::Overlap::Auto && !c.link.enabled() && !c.deterministic &&
