@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -219,6 +220,38 @@ TEST(Clip, ASkippedStepHasNoNormAndTheExchangeIsCommunication) {
       EXPECT_NE(e.step, 3);
     }
     EXPECT_EQ(exchanges, zero == 1 ? 7u * 3 : 0u) << "every replica, every applied step";
+  }
+}
+
+// Clipping with the other paths that change what the replicas hold: bf16
+// on the wire (error feedback), accumulated micro-steps, padded ragged
+// shards at an epoch's end, and --zero 1 with accumulation. The divergence
+// detector compares every replica's weights and optimizer state at every
+// step, so a replica that scaled by another factor would stop the run.
+TEST(Clip, ReplicasStayTogetherOnEveryPathThatChangesTheGradient) {
+  const auto data = synthetic_data(1003);  // 20 steps of 3 x 16 an epoch, then a ragged one
+  struct Case {
+    const char* name;
+    std::function<void(TrainConfig&)> set;
+  };
+  const std::vector<Case> cases = {
+      {"bf16", [](TrainConfig& c) { c.compression = ddp::Compression::Bf16; }},
+      {"accumulate 2", [](TrainConfig& c) { c.accumulate = 2; }},
+      {"ragged pad", [](TrainConfig& c) { c.ragged = Ragged::Pad; }},
+      {"zero 1, accumulate 2", [](TrainConfig& c) { c.zero = 1, c.accumulate = 2; }},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.name);
+    auto c = bucketed_config(3);
+    c.steps = 24;
+    c.lr = 0.5f;
+    c.clip_grad_norm = 0.3f;
+    c.check_every = 1;
+    k.set(c);
+    const auto r = train(c, data);
+    EXPECT_EQ(r.divergence_checks, 24);
+    EXPECT_GT(r.clipped_steps, 0);
+    EXPECT_EQ(r.grad_norms.size(), 24u);
   }
 }
 
