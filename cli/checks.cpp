@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 namespace lockstep::cli {
@@ -37,6 +38,19 @@ CLI::Validator number_in(double lo, double hi) {
         return "expected " + want + ", got '" + text + "'";
       },
       "NUMBER in [" + show(lo) + ", " + show(hi) + "]");
+}
+
+CLI::Validator off_or_float_number(double hi) {
+  const std::string want = "0 (off) or a number float32 holds, from " + show(std::numeric_limits<float>::min()) +
+                           " to " + show(hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double x = 0;
+        if (parse_number(text, x) && (x == 0 || (x >= double(std::numeric_limits<float>::min()) && x <= hi)))
+          return {};
+        return "expected " + want + ", got '" + text + "'";
+      },
+      "0 or NUMBER in [" + show(std::numeric_limits<float>::min()) + ", " + show(hi) + "]");
 }
 
 CLI::Validator not_empty() {

@@ -742,15 +742,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--clip-grad-norm", c.clip_grad_norm,
                   "Scale the averaged gradient down to this L2 norm (over every parameter) when it is larger, as "
                   "torch.nn.utils.clip_grad_norm_; every replica computes the same norm (0: off)")
-      ->check(number_in(0.0, 1e30))
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {  // float32 would hold it as 0: off, silently
-            const double x = std::strtod(text.c_str(), nullptr);
-            if (x > 0 && x < double(std::numeric_limits<float>::min()))
-              return "expected 0 (off) or a norm float32 holds (1.2e-38 or more), got '" + text + "'";
-            return {};
-          },
-          ""));
+      ->check(off_or_float_number(1e30));
   flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   flags->weight_decay_option =
       cmd->add_option("--weight-decay", c.weight_decay,

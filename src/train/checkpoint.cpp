@@ -266,7 +266,7 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
   std::map<std::string, std::string> theirs(cp.fields.begin(), cp.fields.end());
   // Every setting that differs, each with both values (so that one run of
   // the command shows them all): "--lr ('0.1' there, '0.05' here)".
-  std::vector<std::string> differ;
+  std::vector<std::pair<std::string, std::string>> differ;  // name, " ('was' there, 'is' here)" or "".
   // Settings added after checkpoints were first written: a file from before
   // holds none of them, and its run had each one's default.
   static const std::map<std::string, std::string> kDefaultWhenUnrecorded = {{"--lr-warmup", "0"},
@@ -288,17 +288,17 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
       return std::string(text);
     };
     const bool long_text = was.size() > 60 || value.size() > 60 || was.find('\n') != std::string::npos;
-    differ.push_back(name + (long_text ? "" : " ('" + readable(was) + "' there, '" + readable(value) + "' here)"));
+    differ.emplace_back(name, long_text ? "" : " ('" + readable(was) + "' there, '" + readable(value) + "' here)");
   }
   if (!differ.empty()) {
     constexpr std::size_t kShown = 6;
     std::string listed;
-    for (std::size_t i = 0; i < std::min(differ.size(), kShown); ++i) listed += (i ? "; " : "") + differ[i];
+    for (std::size_t i = 0; i < std::min(differ.size(), kShown); ++i)
+      listed += (i ? "; " : "") + differ[i].first + differ[i].second;
     if (differ.size() > kShown) listed += "; and " + std::to_string(differ.size() - kShown) + " more";
     const std::string what =
         differ.size() == 1
-            ? differ[0].substr(0, differ[0].find(" ('")) + " differs from the run that wrote the checkpoint" +
-                  (differ[0].find(" ('") == std::string::npos ? "" : differ[0].substr(differ[0].find(" ('")))
+            ? differ[0].first + " differs from the run that wrote the checkpoint" + differ[0].second
             : std::to_string(differ.size()) + " settings differ from the run that wrote the checkpoint: " + listed;
     throw InvalidArgument("--resume: " + what +
                           "; a resumed run keeps the settings that shape its weights. Give the same, or start afresh "

@@ -460,9 +460,11 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     double gather_ms = 0;  // --zero 1: the weights' all-gather, exposed after the optimizer
     const bool skipped = guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out);
     double clip_ms = 0;  // --clip-grad-norm with --zero 1: the norm's exchange, exposed
-    if (clipper) {  // the same norm on every replica, so the same factor
-      double sum = skipped ? 0 : clipper->local_sum(grads);
-      if (!skipped && clipper->exchanges()) {
+    if (clipper && skipped) {  // one entry per step run: NaN for a skipped step (null in the report)
+      out.grad_norms.push_back(std::numeric_limits<double>::quiet_NaN());
+    } else if (clipper) {  // the same norm on every replica, so the same factor
+      double sum = clipper->local_sum(grads);
+      if (clipper->exchanges()) {
         const auto before = comm.stats().bytes_sent;
         const auto t_clip = Clock::now();
         sum = clipper->total_sum(comm, sum);
@@ -475,12 +477,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         recorder.add(Track::Comm, Phase::Allreduce, step, "all-reduce gradient norm", t_clip, t_clipped, sent);
         recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (gradient norm)", t_clip, t_clipped);
       }
-      // One entry per step run, NaN for a skipped step (null in the report).
-      const auto clip = skipped ? ddp::GradClipResult{.norm = std::numeric_limits<double>::quiet_NaN()}
-                                : clipper->scale(grads, sum);
+      const auto clip = clipper->scale(grads, sum);
       out.grad_norms.push_back(clip.norm);
       out.clipped_steps += clip.clipped ? 1 : 0;
-      if (!skipped) window_norm = std::max(window_norm, clip.norm);
+      window_norm = std::max(window_norm, clip.norm);
       window_clipped += clip.clipped ? 1 : 0;
     }
     if (skipped) {
