@@ -5,7 +5,8 @@
 namespace lockstep::cli {
 
 // Peak sgemm FLOP/s of this machine on all cores, measured now: the best of
-// a few 2048^3 OpenBLAS sgemm calls with one BLAS thread per core. Takes ~0.5 s.
+// four 1536^3 OpenBLAS sgemm calls with one BLAS thread per core. Takes
+// ~0.15 s on 2 cores.
 // A process bound to fewer CPUs than the host has (mpirun binds each rank to
 // a core by default) runs one single-threaded sgemm per CPU instead, on
 // threads pinned to every CPU of the host (Note [Measuring all cores from a
