@@ -53,6 +53,7 @@ struct TrainFlags {
   std::string trace_file, svg_file, profile_file;
   std::int64_t svg_step = -1;
   double timeout_s = 60;
+  double peak_gflops = 0;  // --peak-gflops: one host's; 0 = measure it
   bool normalize = false;
   bool quiet = false;
   std::string init_file, save_file, report_file;
@@ -579,7 +580,10 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     if (!rank0) c.initial_replica_buffers = c.initial_error_feedback = nullptr;
   }
   check_timeline_step(f, data);
-  if (group == nullptr) c.peak_flops = measure_peak_sgemm_flops();
+  // One host's sgemm peak, for MFU: stated (--peak-gflops), or measured on all cores.
+  c.peak_flops_given = f.peak_gflops > 0;
+  const auto host_peak = [&f] { return f.peak_gflops > 0 ? f.peak_gflops * 1e9 : measure_peak_sgemm_flops(); };
+  if (group == nullptr) c.peak_flops = host_peak();
   if (!f.quiet && rank0) {
     std::fprintf(stderr, "lockstep train: %d replicas x %lld%s on %s (%lld train, %lld test samples)\n",
                  c.replicas, (long long)c.micro_batch,
@@ -625,9 +629,9 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     // Measured now that training is over: at start-up the other ranks would
     // wait for it inside a collective. Peak of the whole job: this host's
     // times the number of hosts (train::local_world_size() ranks per host).
-    c.peak_flops = measure_peak_sgemm_flops() * group->size() / train::local_world_size(group->size());
+    c.peak_flops = host_peak() * group->size() / train::local_world_size(group->size());
     result.mfu = result.samples_per_s * result.flops_per_sample / c.peak_flops;
-  } else if (result.mfu > 1) {
+  } else if (result.mfu > 1 && !c.peak_flops_given) {
     // Training outran the peak measured at start-up: this machine's speed
     // varies (up to 2x over a day on a shared VM). Measure again and keep
     // the faster; if training still outran it, say so.
@@ -636,8 +640,12 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   }
   if (result.mfu > 1) {
     char gflops[32];
-    std::snprintf(gflops, sizeof gflops, "%.1f", c.peak_flops / 1e9);
-    if (group != nullptr) {  // the peak is one host's times the hosts, counted from LOCAL_WORLD_SIZE
+    std::snprintf(gflops, sizeof gflops, "%.4g", c.peak_flops / 1e9);
+    if (c.peak_flops_given) {
+      warn(std::string("MFU over 1: training ran faster than the peak --peak-gflops gives (") + gflops +
+           " GFLOP/s for the job" + (group != nullptr ? ": the flag's figure per host times the hosts" : "") +
+           "); check the figure, or leave the flag out to measure the peak.");
+    } else if (group != nullptr) {  // the peak is one host's times the hosts, counted from LOCAL_WORLD_SIZE
       warn(std::string("MFU over 1: training ran faster than the peak taken as the job's (") + gflops +
            " GFLOP/s: this host's sgemm peak times world size / LOCAL_WORLD_SIZE); set LOCAL_WORLD_SIZE to the "
            "ranks per host, or take MFU as approximate.");
@@ -743,6 +751,10 @@ Action add_train_command(CLI::App& app) {
                   "Scale the averaged gradient down to this L2 norm (over every parameter) when it is larger, as "
                   "torch.nn.utils.clip_grad_norm_; every replica computes the same norm (0: off)")
       ->check(off_or_float_number(1e30));
+  cmd->add_option("--peak-gflops", flags->peak_gflops,
+                  "MFU against this sgemm peak of one host, in GFLOP/s (a device's rated figure, or one figure for "
+                  "runs you compare), instead of the one measured on all cores at start-up (0: measure it)")
+      ->check(number_in(0.0, 1e9));
   flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   flags->weight_decay_option =
       cmd->add_option("--weight-decay", c.weight_decay,

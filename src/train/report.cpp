@@ -278,6 +278,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   if (r.mfu > 0) {
     std::snprintf(line, sizeof line, ", MFU %.2f", r.mfu);
     s += line;
+    if (c.peak_flops_given) s += " (of the peak --peak-gflops gives)";
   }
   s += "\n";
   if (r.resumed_from_step > 0) {
@@ -309,6 +310,8 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["epoch_test_accuracy"] = r.epoch_test_accuracy;
   j["samples_per_s"] = r.samples_per_s;
   j["mfu"] = r.mfu;
+  j["peak_flops"] = c.peak_flops;
+  j["peak_flops_measured"] = c.peak_flops > 0 && !c.peak_flops_given;
   j["train_seconds"] = r.train_seconds;
   j["flops_per_sample"] = r.flops_per_sample;
   j["model"] = r.model_description;

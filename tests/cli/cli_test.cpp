@@ -33,6 +33,11 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
+// For tests that train several times and do not look at MFU: a stated peak,
+// so that each run does not measure one (0.15 s of every core). Cli.PeakGflops...
+// and TinyRunWritesReport... check both ways.
+const std::string kStatedPeak = " --peak-gflops 100 ";
+
 CliRun run_command(const std::string& command) {
   const std::string cmd = command + " 2>&1";
   CliRun r;
@@ -91,7 +96,7 @@ TEST(Cli, OptimizerDefaultsArePyTorchs) {
   const auto config = [&](const std::string& flags) {
     const fs::path report = dir / "r.json";
     const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --report " +
-                         report.string() + " " + flags);
+                         report.string() + kStatedPeak + flags);
     EXPECT_EQ(r.code, 0) << flags << ":\n" << r.output;
     return nlohmann::json::parse(std::ifstream(report))["config"];
   };
@@ -216,7 +221,7 @@ TEST(Cli, OutputsNamingOneFileAreRefusedAndTheFileIsKept) {
 // symlink) would destroy it: refused before training, and the input is kept.
 TEST(Cli, OutputsNamingAnInputAreRefusedAndTheInputIsKept) {
   const fs::path dir = make_data_dir("cli_output_input");
-  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 ";
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1" + kStatedPeak;
   const fs::path weights = dir / "w.safetensors";
   ASSERT_EQ(run(common + "--save " + weights.string()).code, 0);
   const auto bytes = [](const fs::path& p) {
@@ -655,7 +660,7 @@ TEST(Cli, GarbageIdxFileIsNamed) {
 // num_batches_tracked at 1, not 4.
 TEST(Cli, SaveAndInitCarryTheBatchNormStatistics) {
   const auto dir = make_data_dir("cli_bn_state", 64, 0, 28);
-  const std::string common = "train --data " + dir.string() + " --model cnn --replicas 2 --micro-batch 8 --quiet ";
+  const std::string common = "train --data " + dir.string() + " --model cnn --replicas 2 --micro-batch 8 --quiet" + kStatedPeak;
   const fs::path a = dir / "a.safetensors", b = dir / "b.safetensors";
   ASSERT_EQ(run(common + "--steps 3 --save " + a.string()).code, 0);
   const CliRun more = run(common + "--steps 1 --init " + a.string() + " --save " + b.string());
@@ -679,7 +684,8 @@ TEST(Cli, SaveAndInitCarryTheBatchNormStatistics) {
 // the summary and the report say what was sharded and what was sent.
 TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
   const auto dir = make_data_dir("cli_zero", 256);
-  const std::string common = "train --data " + dir.string() + " --replicas 4 --micro-batch 8 --hidden 16 --steps 6 ";
+  const std::string common =
+      "train --data " + dir.string() + " --replicas 4 --micro-batch 8 --hidden 16 --steps 6" + kStatedPeak;
   const fs::path a = dir / "a.st", b = dir / "b.st", report = dir / "b.json";
   ASSERT_EQ(run(common + "--quiet --save " + a.string()).code, 0);
   const CliRun sharded = run(common + "--zero 1 --save " + b.string() + " --report " + report.string());
@@ -748,6 +754,36 @@ TEST(Cli, UnwritableSaveFailsBeforeTraining) {
   EXPECT_EQ(run("train --data " + dir.string() + " --steps 1 --timeout 1e12").code, 2);
 }
 
+// --peak-gflops: MFU against the figure given, which nothing measures; the
+// summary says whose peak it is, and a run faster than it is warned about.
+TEST(Cli, PeakGflopsIsThePeakMfuIsAgainst) {
+  const auto dir = make_data_dir("cli_peak");
+  const fs::path report = dir / "r.json";
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 4 --hidden 8 --steps 3 ";
+  const CliRun r = run(common + "--peak-gflops 2.5 --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_FALSE(j["peak_flops_measured"].get<bool>());
+  EXPECT_EQ(j["peak_flops"].get<double>(), 2.5e9);
+  EXPECT_NEAR(j["mfu"].get<double>(), j["samples_per_s"].get<double>() * j["flops_per_sample"].get<double>() / 2.5e9,
+              1e-9 * j["mfu"].get<double>());
+  EXPECT_NE(r.output.find(" (of the peak --peak-gflops gives)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MFU over 1"), std::string::npos) << r.output;
+  // A figure the run beats: warned about, not re-measured, and the run still succeeds.
+  const CliRun fast = run(common + "--peak-gflops 1e-9 --report " + report.string());
+  ASSERT_EQ(fast.code, 0) << fast.output;
+  EXPECT_NE(fast.output.find("MFU over 1: training ran faster than the peak --peak-gflops gives (1e-09 GFLOP/s for the "
+                             "job); check the figure"),
+            std::string::npos)
+      << fast.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(report))["peak_flops"].get<double>(), 1.0);
+  for (const char* bad : {"-1", "abc", "2e9", "nan"}) {
+    const CliRun b = run(common + "--peak-gflops " + bad);
+    EXPECT_EQ(b.code, 2) << bad << ":\n" << b.output;
+    EXPECT_NE(b.output.find("--peak-gflops"), std::string::npos) << bad << ":\n" << b.output;
+  }
+}
+
 TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   const auto dir = make_data_dir("run");
   const fs::path report = dir / "report.json", weights = dir / "w.safetensors";
@@ -766,6 +802,12 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_NE(r.output.find("6 steps (1.50 epochs)"), std::string::npos) << r.output;
   for (const char* k : {"final_loss", "test_accuracy", "samples_per_s", "mfu"})
     EXPECT_TRUE(j.contains(k)) << k;
+  // MFU against the peak measured on all cores at start-up.
+  EXPECT_TRUE(j["peak_flops_measured"].get<bool>());
+  EXPECT_GT(j["peak_flops"].get<double>(), 1e9);
+  EXPECT_NEAR(j["mfu"].get<double>(),
+              j["samples_per_s"].get<double>() * j["flops_per_sample"].get<double>() / j["peak_flops"].get<double>(),
+              1e-9 * j["mfu"].get<double>());
   const std::uint64_t p = (16 * 8 + 8 + 8 * 3 + 3) * 4;  // MLP 16-8-3 in bytes
   EXPECT_EQ(j["bytes"]["weights_per_replica"], p);
   EXPECT_EQ(j["bytes"]["grads_per_replica"], p);
@@ -912,7 +954,7 @@ TEST(Cli, NewFlagsRejectBadValuesWithAMessage) {
 TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
   const fs::path dir = make_data_dir("cli_clip");
   const fs::path report = dir / "clip.json";
-  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 10 ";
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 10" + kStatedPeak;
   const CliRun r = run(common + "--log-every 1 --clip-grad-norm 0.001 --lr-warmup 4 --report " + report.string());
   ASSERT_EQ(r.code, 0) << r.output;
   // lr 0.1 x 1/4 and 3/4 in the warmup (steps 1 and 3); 0.1 at steps 4 and 5,
@@ -963,7 +1005,7 @@ TEST(Cli, ReplicasSharingTheCoresTakeOneBucket) {
   const fs::path dir = make_data_dir("cli_one_bucket");
   const fs::path report = dir / "one_bucket.json";
   const std::string common = "train --data " + dir.string() + " --replicas " + std::to_string(std::max(2L, cores)) +
-                             " --micro-batch 1 --steps 2 --quiet --report " + report.string() + " ";
+                             " --micro-batch 1 --steps 2 --quiet --report " + report.string() + kStatedPeak;
   struct Case {
     std::string flags;
     bool one_bucket;
@@ -1243,7 +1285,7 @@ namespace {
 TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   const fs::path dir = make_data_dir("cli_guards");
   const std::string common =
-      "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --steps 6 ";
+      "train --data " + dir.string() + " --replicas 4 --micro-batch 4 --hidden 8 --steps 6" + kStatedPeak;
   const CliRun stop = run(common + "--check-every 1 --inject bitflip@2:3");
   EXPECT_EQ(stop.code, 1);
   EXPECT_NE(stop.output.find("replicas diverged by step 2:"), std::string::npos) << stop.output;

@@ -183,9 +183,12 @@ std::set<std::string> entries(const fs::path& dir) {  // the names in a director
   return names;
 }
 
+// With a stated peak (--peak-gflops): otherwise rank 0 measures one at the
+// end of every run, 0.15 s of every core. RanksAgreeOnOneBucket... checks
+// both, and the measured peak over processes.
 std::vector<std::string> train_args(const fs::path& data, const std::vector<std::string>& more) {
-  std::vector<std::string> a = {"train", "--data",   data.string(), "--micro-batch",
-                                "4",     "--hidden", "8",           "--quiet"};
+  std::vector<std::string> a = {"train",  "--data", data.string(), "--micro-batch", "4",
+                                "--hidden", "8",    "--quiet",     "--peak-gflops", "50"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
@@ -235,7 +238,9 @@ TEST_F(LaunchTrain, SameWeightsAsTheThreadsBackend) {
     // bucket where the host's cores are all computing (on a 2-core host, here).
     const bool shared = jb["config"]["one_bucket_on_shared_cores"].get<bool>();
     EXPECT_EQ(ja["config"]["one_bucket_on_shared_cores"], shared);
-    if (n >= sysconf(_SC_NPROCESSORS_ONLN)) EXPECT_TRUE(shared);
+    if (n >= sysconf(_SC_NPROCESSORS_ONLN)) {
+      EXPECT_TRUE(shared);
+    }
     EXPECT_EQ(jb["buckets"].size(), shared ? 1u : ja["buckets"].size());
     // Rank 0 alone printed the summary, relayed as is (so --json parses);
     // any other rank's line would carry its rank.
@@ -542,6 +547,8 @@ TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
 // buckets on a host of 2 or more cores; one of them counted two to a host
 // (2 on its host of 2 cores, here) makes both take one bucket; and a rank
 // given --overlap on keeps the buckets for both, so neither is refused.
+// Also the peak MFU is against: one host's (measured, or --peak-gflops)
+// times the hosts that rank 0's LOCAL_WORLD_SIZE counts.
 TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 2 || cores > 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
@@ -563,6 +570,10 @@ TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
       auto args = train_args(data, {"--steps", "2", "--backend", "gloo", "--rank", std::to_string(r), "--world-size",
                                     "2", "--rendezvous", "file:" + (dir / "rv").string(), "--timeout", "20"});
       *(std::find(args.begin(), args.end(), "--hidden") + 1) = "600,600";  // 1.4 MB: two buckets by default
+      if (k.one_bucket) {  // this case measures the peak
+        const auto at = std::find(args.begin(), args.end(), "--peak-gflops");
+        args.erase(at, at + 2);
+      }
       if (r == 0) args.insert(args.end(), {"--report", report.string()});
       if (r == 0 && k.rank0_flag) args.insert(args.end(), {k.rank0_flag, "on"});
       ::setenv("LOCAL_WORLD_SIZE", k.local[r], 1);  // inherited by the rank started now
@@ -574,6 +585,16 @@ TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
     const auto j = nlohmann::json::parse(read_file(report));
     EXPECT_EQ(j["config"]["one_bucket_on_shared_cores"], k.one_bucket);
     EXPECT_EQ(j["buckets"].size(), k.one_bucket ? 1u : 2u);
+    const double hosts = 2.0 / std::stod(k.local[0]), peak = j["peak_flops"].get<double>();
+    EXPECT_EQ(j["peak_flops_measured"], k.one_bucket);
+    if (k.one_bucket) {
+      EXPECT_GT(peak, 1e9 * hosts);
+    } else {
+      EXPECT_EQ(peak, 50e9 * hosts);
+    }
+    EXPECT_NEAR(j["mfu"].get<double>(),
+                j["samples_per_s"].get<double>() * j["flops_per_sample"].get<double>() / peak,
+                1e-12 + 1e-9 * j["mfu"].get<double>());
   }
 }
 

@@ -23,11 +23,8 @@ namespace {
 
 using testing::bucketed_config;
 using testing::expect_refused;
+using testing::same_bits;
 using testing::synthetic_data;
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // SGD's momentum after the first step is the gradient the update used (torch:
 // buf = grad), so it shows what clipping did: the unclipped run's averaged

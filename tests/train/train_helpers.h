@@ -1,10 +1,12 @@
-// Test helpers for the trainer's tests: a small bucketed configuration, and
-// the check that a configuration is refused with a message.
+// Test helpers for the trainer's tests: a small bucketed configuration, the
+// check that a configuration is refused with a message, and bitwise equality.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
+#include <span>
 #include <string>
 
 #include "lockstep/error.h"
@@ -36,6 +38,11 @@ inline void expect_refused(const train::TrainConfig& c, const data::ImageClassif
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
   }
+}
+
+// The same floats, bit for bit (NaNs and signed zeros included).
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace lockstep::testing

@@ -18,6 +18,7 @@ namespace {
 
 using testing::bucketed_config;
 using testing::expect_refused;
+using testing::same_bits;
 using testing::synthetic_data;
 
 TrainConfig zero_config(int replicas, const char* optimizer = "sgd") {
@@ -25,10 +26,6 @@ TrainConfig zero_config(int replicas, const char* optimizer = "sgd") {
   c.optimizer = optimizer;
   c.lr = c.optimizer == "adamw" ? 1e-3f : 0.1f;
   return c;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // Each element's update is the same arithmetic on the same mean gradient

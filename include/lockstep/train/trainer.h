@@ -154,7 +154,8 @@ struct TrainConfig {
   // TrainHooks::on_checkpoint every this many steps (0: at epoch ends only),
   // and always at each epoch's end and the run's last step.
   std::int64_t checkpoint_every = 0;
-  double peak_flops = 0;                             // measured peak for MFU; 0 = no MFU
+  double peak_flops = 0;                             // the peak MFU is against (FLOP/s); 0 = no MFU
+  bool peak_flops_given = false;                     // stated by the user (lockstep train --peak-gflops), not measured
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
   bool record_timeline = false;                      // keep every event (for --trace, --timeline-svg)
   // Guards (docs/design.md, "Guards"). Replicas always run the start-up
