@@ -145,9 +145,9 @@ void check_sizes_fit_in_memory(const Flags& f, std::size_t largest, int ranks_he
   if (available > 0 && need > available) {
     char text[320];
     std::snprintf(text, sizeof text,
-                  "--sizes: an all-reduce of %zu bytes per rank on %d ranks here needs about %.1f GB (a buffer "
-                  "and scratch per rank), and this host has %.1f GB free; give smaller --sizes%s.",
-                  largest, ranks_here, need / 1e9, available / 1e9,
+                  "--sizes: an all-reduce of %zu bytes per rank on %d ranks here needs about %s (a buffer "
+                  "and scratch per rank), and this host has %s free; give smaller --sizes%s.",
+                  largest, ranks_here, show_bytes(need).c_str(), show_bytes(available).c_str(),
                   backend_of(f.group) == comm::Backend::Threads ? " or fewer --replicas" : "");
     throw InvalidArgument(text);
   }

@@ -1,14 +1,17 @@
 #include "host_memory.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "cgroup.h"
+
 namespace lockstep::cli {
 
 double available_memory_bytes() {
-  // An override, for a container whose limit /proc/meminfo does not show,
+  // An override, for a limit neither /proc/meminfo nor the cgroup shows,
   // and for tests that must not depend on the machine's size.
   if (const char* env = std::getenv("LOCKSTEP_MEMORY_AVAILABLE"); env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -17,11 +20,28 @@ double available_memory_bytes() {
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
-  double kib = 0;
+  double kib = 0, available = 0;
   std::string unit;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  // In a container, its cgroup's limit, which /proc/meminfo does not show.
+  const double cgroup_free = read_cgroup_limits().memory_free;
+  if (cgroup_free >= 0 && (available == 0 || cgroup_free < available)) return cgroup_free;
+  return available;
+}
+
+std::string show_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1e9) {
+    std::snprintf(text, sizeof text, "%.1f GB", bytes / 1e9);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f MB", bytes / 1e6);
+  }
+  return text;
 }
 
 data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize, int processes_here) {

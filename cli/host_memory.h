@@ -2,14 +2,20 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "lockstep/data/dataset.h"
 
 namespace lockstep::cli {
 
-// The memory this host has free: LOCKSTEP_MEMORY_AVAILABLE (bytes) if set,
-// else MemAvailable, or 0 if unknown.
+// The memory this process may still take: LOCKSTEP_MEMORY_AVAILABLE (bytes)
+// if set, else the host's MemAvailable or, if less, what its cgroup's
+// memory.max leaves (cgroup.h); 0 if unknown.
 double available_memory_bytes();
+
+// Bytes as the messages about memory show them: "24.1 GB", or "148 MB"
+// under a gigabyte (a container's limit can be that small).
+std::string show_bytes(double bytes);
 
 // load_image_classification with the free memory as its budget, shared by
 // `processes_here` processes that each load their own copy (the ranks of a

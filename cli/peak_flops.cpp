@@ -6,49 +6,51 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
-#include <string>
 #include <thread>
 #include <vector>
 
+#include "cgroup.h"
 #include "lockstep/nn/gemm.h"
 
 namespace lockstep::cli {
 namespace {
 
-// The CPUs this process could be given: the cgroup's effective cpuset (a
+// The CPUs this process could be given: its cgroup's effective cpuset (a
 // container's hard limit, "0-3,8"), else every online CPU. mpirun's binding
 // is a narrower affinity mask inside it, which a thread may widen.
-std::vector<int> usable_cpus() {
+std::vector<int> usable_cpus(const CgroupLimits& limits) {
   std::vector<int> cpus;
-  std::ifstream in("/sys/fs/cgroup/cpuset.cpus.effective");
-  std::string list, range;
-  if (in >> list) {
-    std::istringstream ranges(list);
-    while (std::getline(ranges, range, ',')) {
-      const auto dash = range.find('-');
-      const int lo = std::atoi(range.c_str()), hi = dash == std::string::npos ? lo : std::atoi(range.c_str() + dash + 1);
-      for (int c = lo; c <= hi && c < CPU_SETSIZE; ++c) cpus.push_back(c);
-    }
-  }
+  for (const int c : limits.cpus)
+    if (c < CPU_SETSIZE) cpus.push_back(c);
   if (cpus.empty()) {
     for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cpus.push_back(int(c));
   }
   return cpus;
 }
 
-// True if this process may run on fewer than `cores` CPUs.
-bool bound_narrower_than(int cores) {
+// The CPUs in this process's affinity mask (all of them if unknown).
+int affinity_cpus() {
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return false;
-  return CPU_COUNT(&mask) < cores;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return CPU_SETSIZE;
+  return CPU_COUNT(&mask);
 }
+
+// True if this process may run on fewer than `cores` CPUs.
+bool bound_narrower_than(int cores) { return affinity_cpus() < cores; }
 
 }  // namespace
 
-int host_cores() { return static_cast<int>(usable_cpus().size()); }
+int host_cores() {
+  const CgroupLimits limits = read_cgroup_limits();
+  return cores_within_quota(static_cast<int>(usable_cpus(limits).size()), limits.cpu_quota);
+}
+
+int process_cores() {
+  const CgroupLimits limits = read_cgroup_limits();
+  const int cpus = std::min(affinity_cpus(), static_cast<int>(usable_cpus(limits).size()));
+  return cores_within_quota(cpus, limits.cpu_quota);
+}
 
 // Note [Measuring all cores from a bound process]: the MFU and the memcpy
 // bandwidth are against the whole host. A thread inherits its creator's
@@ -57,8 +59,8 @@ int host_cores() { return static_cast<int>(usable_cpus().size()); }
 // measured 0.52 bound against 0.34 with --bind-to none, same host). Threads
 // that set their own mask to one CPU each of the host measure the host.
 int run_on_every_core(const std::function<void(int)>& body) {
-  const std::vector<int> cpus = usable_cpus();
-  const int cores = static_cast<int>(cpus.size());
+  const std::vector<int> cpus = usable_cpus(read_cgroup_limits());
+  const int cores = host_cores();  // at most cpus.size()
   const bool pin = bound_narrower_than(cores);
   std::vector<std::thread> threads;
   for (int c = 0; c < cores; ++c) {

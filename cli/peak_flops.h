@@ -13,14 +13,18 @@ namespace lockstep::cli {
 // bound process] in peak_flops.cpp).
 double measure_peak_sgemm_flops();
 
-// The CPUs this process could be given: the cgroup's cpuset, else every
-// online CPU. The "all cores" of the peak and of the memcpy bandwidth.
+// The cores this process could be given: the CPUs of its cgroup's cpuset,
+// else every online CPU, and no more than its cgroup's CPU quota rounded up
+// (cgroup.h). The "all cores" of the peak and of the memcpy bandwidth.
 int host_cores();
 
+// The cores this process may run on now: host_cores(), and no more than the
+// CPUs of its affinity mask (taskset, mpirun's binding).
+int process_cores();
+
 // Runs body(i) for i in [0, cores) on one thread each, all at once, where
-// `cores` counts the CPUs this process could be given (the cgroup's cpuset,
-// else every online CPU); when the process is bound to fewer, thread i is
-// pinned to the i-th of them. Returns `cores`.
+// `cores` is host_cores(); when the process is bound to fewer CPUs, thread i
+// is pinned to the i-th CPU of the cgroup's cpuset. Returns `cores`.
 int run_on_every_core(const std::function<void(int)>& body);
 
 }  // namespace lockstep::cli

@@ -273,17 +273,17 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
     char text[384];
     if (activations > state) {
       std::snprintf(text, sizeof text,
-                    "this run needs at least %.1f GB for %d replicas' activations of %lld samples each (%.1f GB "
-                    "per replica) and their weights, gradients and optimizer state on this host, and it has %.1f "
-                    "GB free; lower --micro-batch or --replicas (or the processes per host)%s.",
-                    need / 1e9, replicas_here, static_cast<long long>(c.micro_batch), activations / 1e9,
-                    available / 1e9, widths);
+                    "this run needs at least %s for %d replicas' activations of %lld samples each (%s per replica) "
+                    "and their weights, gradients and optimizer state on this host, and it has %s free; lower "
+                    "--micro-batch or --replicas (or the processes per host)%s.",
+                    show_bytes(need).c_str(), replicas_here, static_cast<long long>(c.micro_batch),
+                    show_bytes(activations).c_str(), show_bytes(available).c_str(), widths);
     } else {
       std::snprintf(text, sizeof text,
-                    "this run needs at least %.1f GB for %d replicas' weights, gradients and optimizer state (%.3g "
-                    "parameters each) and activations on this host, and it has %.1f GB free; lower --replicas (or "
+                    "this run needs at least %s for %d replicas' weights, gradients and optimizer state (%.3g "
+                    "parameters each) and activations on this host, and it has %s free; lower --replicas (or "
                     "the processes per host)%s.",
-                    need / 1e9, replicas_here, params, available / 1e9, widths);
+                    show_bytes(need).c_str(), replicas_here, params, show_bytes(available).c_str(), widths);
     }
     throw InvalidArgument(text);
   }
@@ -507,8 +507,11 @@ bool bucket_flag_given(const TrainFlags& f) {
 // Measured on this 2-core machine (docs/results.md, "One bucket on shared
 // cores"): over Gloo, 2 x 128 1.24x and 8 x 32 1.42x faster in one bucket;
 // 8 ranks on 4 test hosts at 1 Gbit/s 1.20x; over MPI 1.02x; in process no
-// change (the shared-memory all-reduce runs after backward anyway). So with
-// --overlap auto and no bucket flag, such a run takes one bucket. A
+// change (the shared-memory all-reduce runs after backward anyway). The same
+// holds for a process that may use no more cores than it runs replicas: bound
+// to them (taskset; mpirun binds a rank to one core) or held to them by its
+// cgroup's CPU quota (a container). So with --overlap auto and no bucket
+// flag, such a run takes one bucket. A
 // modelled link keeps the buckets: its delay is a sleep, not a core's work.
 // Every rank takes the same decision (the bucket layout is checked across
 // ranks), in one small all-reduce that every rank joins whatever its flags:
@@ -520,8 +523,10 @@ void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group) {
   const bool eligible = c.overlap == train::Overlap::Auto && !c.link.enabled() && !c.deterministic &&
                         !bucket_flag_given(f) && c.replicas > 1;
   const int ranks_here = group == nullptr ? c.replicas : ranks_on_this_host(*group);
-  // {some host's cores are shared, some rank is not eligible}: one max.
-  float votes[2] = {ranks_here >= host_cores() ? 1.0f : 0.0f, eligible ? 0.0f : 1.0f};
+  const int replicas_in_process = group == nullptr ? c.replicas : 1;
+  const bool shared = ranks_here >= host_cores() || replicas_in_process >= process_cores();
+  // {some host's or process's cores are shared, some rank is not eligible}: one max.
+  float votes[2] = {shared ? 1.0f : 0.0f, eligible ? 0.0f : 1.0f};
   if (group != nullptr) comm::allreduce(*group, std::span(votes), {.op = comm::ReduceOp::Max});
   if (votes[0] > 0 && votes[1] == 0) {
     c.bucket_mb = 0;
@@ -785,7 +790,7 @@ Action add_train_command(CLI::App& app) {
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{65536}));
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Gradient bucket size in MiB (0: one bucket after backward, no overlap; with --overlap auto, "
-                  "unless given or with a link, also 0 where a host runs as many replicas as it has cores)")
+                  "unless given or with a link, also 0 where a host, or a process, runs as many replicas as it has cores)")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", c.first_bucket_mb,
                   "Size in MiB of the first bucket (the last layers' gradients, ready first)")

@@ -5,6 +5,7 @@
 // that kills the launcher (its ranks die with it) and fails the test.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -542,47 +544,82 @@ TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
   }
 }
 
+// Two Gloo ranks training the 1.4 MB MLP 784-600-600-10 (two buckets by
+// default) for 2 steps, rank r with LOCAL_WORLD_SIZE local[r]; `adjust` may
+// change rank r's arguments and the program that starts it (taskset, sh).
+// Rank 0's report.
+nlohmann::json two_rank_report(
+    const fs::path& data, const fs::path& dir, const std::array<const char*, 2>& local,
+    const std::function<void(int, std::vector<std::string>&, std::string&)>& adjust) {
+  const auto report = dir / "r.json";
+  fs::create_directories(dir / "rv");
+  std::vector<std::unique_ptr<CliRun>> all;
+  for (int r = 0; r < 2; ++r) {
+    auto args = train_args(data, {"--steps", "2", "--backend", "gloo", "--rank", std::to_string(r), "--world-size",
+                                  "2", "--rendezvous", "file:" + (dir / "rv").string(), "--timeout", "20"});
+    *(std::find(args.begin(), args.end(), "--hidden") + 1) = "600,600";
+    if (r == 0) args.insert(args.end(), {"--report", report.string()});
+    std::string program = LOCKSTEP_CLI;
+    adjust(r, args, program);
+    ::setenv("LOCAL_WORLD_SIZE", local[r], 1);  // inherited by the rank started now
+    fs::create_directories(dir / ("rank" + std::to_string(r)));
+    all.push_back(std::make_unique<CliRun>(dir / ("rank" + std::to_string(r)), args, program));
+  }
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  for (auto& rank : all) {
+    EXPECT_EQ(rank->wait(), 0) << rank->err();
+    if (::testing::Test::HasFailure()) return {};
+  }
+  return nlohmann::json::parse(read_file(report));
+}
+
+void drop_stated_peak(std::vector<std::string>& args) {
+  const auto at = std::find(args.begin(), args.end(), "--peak-gflops");
+  args.erase(at, at + 2);
+}
+
 // Note [One bucket on shared cores] over processes: the ranks agree. Two
 // ranks counted one per host (LOCAL_WORLD_SIZE=1, as on two hosts) keep the
 // buckets on a host of 2 or more cores; one of them counted two to a host
 // (2 on its host of 2 cores, here) makes both take one bucket; and a rank
-// given --overlap on keeps the buckets for both, so neither is refused.
-// Also the peak MFU is against: one host's (measured, or --peak-gflops)
-// times the hosts that rank 0's LOCAL_WORLD_SIZE counts.
+// given --overlap on keeps the buckets for both, so neither is refused. Two
+// ranks one per host but each bound to one core (taskset, as mpirun binds)
+// take one bucket too: the process's cores are shared. Also the peak MFU is
+// against: one host's (measured, or --peak-gflops) times the hosts that rank
+// 0's LOCAL_WORLD_SIZE counts.
 TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 2 || cores > 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
   const auto data = make_data_dir("one_bucket");
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.size() != 2) GTEST_SKIP() << "this process may not use both cores";
   struct Case {
     const char* name;
-    const char* local[2];        // LOCAL_WORLD_SIZE of rank 0 and rank 1
-    const char* rank0_flag;      // or nullptr
+    std::array<const char*, 2> local;  // LOCAL_WORLD_SIZE of rank 0 and rank 1
+    const char* rank0_flag;            // or nullptr
+    bool bound;                        // rank r started under taskset, on the r-th CPU
     bool one_bucket;
   };
-  for (const Case& k : {Case{"one per host", {"1", "1"}, nullptr, false}, Case{"one host full", {"1", "2"}, nullptr, true},
-                        Case{"overlap on at rank 0", {"2", "2"}, "--overlap", false}}) {
+  for (const Case& k : {Case{"one per host", {"1", "1"}, nullptr, false, false},
+                        Case{"one host full", {"1", "2"}, nullptr, false, true},
+                        Case{"overlap on at rank 0", {"2", "2"}, "--overlap", false, false},
+                        Case{"one per host, each bound to a core", {"1", "1"}, nullptr, true, true}}) {
     SCOPED_TRACE(k.name);
-    const auto dir = run_dir(std::string("one_bucket_") + k.local[0] + k.local[1] + (k.rank0_flag ? "on" : ""));
-    const auto report = dir / "r.json";
-    fs::create_directories(dir / "rv");
-    std::vector<std::unique_ptr<CliRun>> all;
-    for (int r = 0; r < 2; ++r) {
-      auto args = train_args(data, {"--steps", "2", "--backend", "gloo", "--rank", std::to_string(r), "--world-size",
-                                    "2", "--rendezvous", "file:" + (dir / "rv").string(), "--timeout", "20"});
-      *(std::find(args.begin(), args.end(), "--hidden") + 1) = "600,600";  // 1.4 MB: two buckets by default
-      if (k.one_bucket) {  // this case measures the peak
-        const auto at = std::find(args.begin(), args.end(), "--peak-gflops");
-        args.erase(at, at + 2);
-      }
-      if (r == 0) args.insert(args.end(), {"--report", report.string()});
+    const auto dir = run_dir(std::string("one_bucket_") + k.local[0] + k.local[1] + (k.rank0_flag ? "on" : "") +
+                             (k.bound ? "bound" : ""));
+    const auto j = two_rank_report(data, dir, k.local, [&](int r, std::vector<std::string>& args, std::string& program) {
+      if (k.one_bucket) drop_stated_peak(args);  // these cases measure the peak
       if (r == 0 && k.rank0_flag) args.insert(args.end(), {k.rank0_flag, "on"});
-      ::setenv("LOCAL_WORLD_SIZE", k.local[r], 1);  // inherited by the rank started now
-      fs::create_directories(dir / ("rank" + std::to_string(r)));
-      all.push_back(std::make_unique<CliRun>(dir / ("rank" + std::to_string(r)), args));
-    }
-    ::unsetenv("LOCAL_WORLD_SIZE");
-    for (auto& rank : all) ASSERT_EQ(rank->wait(), 0) << rank->err();
-    const auto j = nlohmann::json::parse(read_file(report));
+      if (k.bound) {
+        args.insert(args.begin(), {"-c", std::to_string(cpus[r]), program});
+        program = "/usr/bin/taskset";
+      }
+    });
+    ASSERT_FALSE(j.is_null());
     EXPECT_EQ(j["config"]["one_bucket_on_shared_cores"], k.one_bucket);
     EXPECT_EQ(j["buckets"].size(), k.one_bucket ? 1u : 2u);
     const double hosts = 2.0 / std::stod(k.local[0]), peak = j["peak_flops"].get<double>();
@@ -596,6 +633,78 @@ TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
                 j["samples_per_s"].get<double>() * j["flops_per_sample"].get<double>() / peak,
                 1e-12 + 1e-9 * j["mfu"].get<double>());
   }
+}
+
+// A cgroup of this test's own under `controller` with one limit set: v1's
+// file and value in /sys/fs/cgroup/<controller>/<name>, else v2's in
+// /sys/fs/cgroup/<name>. An empty path where this host will not make one
+// (not root, no writable cgroup file system).
+fs::path limited_cgroup(const std::string& name, const std::string& controller,
+                        const std::pair<std::string, std::string>& v1_limit,
+                        const std::pair<std::string, std::string>& v2_limit) {
+  std::error_code ec;
+  const bool v1 = fs::is_directory("/sys/fs/cgroup/" + controller, ec);
+  const fs::path dir = (v1 ? "/sys/fs/cgroup/" + controller : std::string("/sys/fs/cgroup")) + "/" + name;
+  const auto& [file, value] = v1 ? v1_limit : v2_limit;
+  fs::create_directory(dir, ec);
+  if (ec) return {};
+  std::ofstream(dir / file) << value;
+  std::ifstream check(dir / file);
+  std::string set;
+  if (!std::getline(check, set) || set != value) {
+    fs::remove(dir, ec);
+    return {};
+  }
+  return dir;
+}
+
+// Starts `args` (then `program`) from a shell that first moves itself into `cgroup`.
+void start_in_cgroup(const fs::path& cgroup, std::vector<std::string>& args, std::string& program) {
+  args.insert(args.begin(), {"-c", "echo $$ > " + (cgroup / "cgroup.procs").string() + " && exec \"$0\" \"$@\"", program});
+  program = "/bin/sh";
+}
+
+// The cores of a process's cgroup count, not the host's: two ranks one per
+// host (LOCAL_WORLD_SIZE=1), each in a cgroup with a quota of one CPU, have
+// no core to spare on a 2-core host, and take one bucket (cli/cgroup.h).
+TEST_F(LaunchTrain, RanksHeldToOneCpuByTheirCgroupTakeOneBucket) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) != 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
+  const fs::path cgroup = limited_cgroup("lockstep_test_one_cpu", "cpu", {"cpu.cfs_quota_us", "100000"},
+                                         {"cpu.max", "100000 100000"});
+  if (cgroup.empty()) GTEST_SKIP() << "cannot make a cgroup with a CPU quota here (needs root)";
+  const auto j = two_rank_report(make_data_dir("one_cpu_cgroup"), run_dir("one_cpu_cgroup"), {"1", "1"},
+                                 [&](int, std::vector<std::string>& args, std::string& program) {
+                                   start_in_cgroup(cgroup, args, program);
+                                 });
+  std::error_code ec;
+  fs::remove(cgroup, ec);  // empty again: its processes have exited
+  ASSERT_FALSE(j.is_null());
+  EXPECT_TRUE(j["config"]["one_bucket_on_shared_cores"].get<bool>());
+  EXPECT_EQ(j["buckets"].size(), 1u);
+}
+
+// And its memory: a run that needs more than its cgroup's memory limit
+// leaves (2.2 GB of replicas' state, in 256 MiB) is refused at start, saying
+// how much it needs and has, instead of being killed by the OOM killer with
+// no word when it allocates (exit 137 before cgroup limits were read).
+TEST_F(LaunchTrain, ARunOverItsCgroupsMemoryLimitIsRefusedNotKilled) {
+  // 256 MiB: a whole number of pages (v1 rounds the limit down to one), and
+  // room for the ~70 MB an AddressSanitizer build takes to start.
+  const fs::path cgroup = limited_cgroup("lockstep_test_256mib", "memory", {"memory.limit_in_bytes", "268435456"},
+                                         {"memory.max", "268435456"});
+  if (cgroup.empty()) GTEST_SKIP() << "cannot make a cgroup with a memory limit here (needs root)";
+  const fs::path dir = run_dir("memory_cgroup");
+  std::vector<std::string> args = {"train",   "--data",   make_data_dir("memory_cgroup").string(), "--replicas", "8",
+                                   "--steps", "1",        "--micro-batch", "1", "--hidden", "4096,4096"};
+  std::string program = LOCKSTEP_CLI;
+  start_in_cgroup(cgroup, args, program);
+  CliRun run(dir, args, program);
+  EXPECT_EQ(run.wait(), 2) << run.err();
+  std::error_code ec;
+  fs::remove(cgroup, ec);
+  EXPECT_NE(run.err().find("GB for 8 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << run.err();
+  EXPECT_NE(run.err().find(" MB free; lower --replicas"), std::string::npos) << run.err();
 }
 
 // Ranks started by hand, each with its own command line: one with
