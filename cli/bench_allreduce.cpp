@@ -78,13 +78,14 @@ std::size_t parse_size(const std::string& s) {
 // Bytes read + written per second by one memcpy per core over 256 MiB, on
 // every core of the host even in a bound process (peak_flops.h).
 double memcpy_bandwidth() {
-  const int cores = host_cores();  // as many as run_on_every_core runs
+  const HostCores host = host_cores();
+  const int cores = host.cores;  // as many as run_on_every_core runs
   const std::size_t per = (256u << 20) / cores;
   std::vector<std::vector<char>> src(cores, std::vector<char>(per, 1)), dst(cores, std::vector<char>(per, 2));
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    run_on_every_core([&](int c) { std::memcpy(dst[c].data(), src[c].data(), per); });
+    run_on_every_core(host, [&](int c) { std::memcpy(dst[c].data(), src[c].data(), per); });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, 2.0 * per * cores / s);
   }

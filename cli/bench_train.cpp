@@ -53,9 +53,8 @@ struct BenchFlags {
 // allocated) before the clock starts, and the clock stops when the last one
 // ends.
 double matmul_samples_per_s(const std::vector<std::int64_t>& dims, int replicas, std::int64_t batch,
-                            std::int64_t steps) {
+                            std::int64_t steps, int cores) {
   using nn::Trans;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   struct Replica {
     std::vector<std::vector<float>> w, dw, act, grad;  // per layer; act/grad per layer boundary
   };
@@ -119,7 +118,8 @@ int run_bench_train(const BenchFlags& f) {
     throw InvalidArgument("bench train runs global batches of up to 256 samples, and " + data.dir.string() +
                           " has " + std::to_string(data.train.size) + " training samples; give --data a larger set.");
   }
-  const double peak = measure_peak_sgemm_flops();
+  const HostCores host = host_cores();
+  const double peak = measure_peak_sgemm_flops(host);
   struct Row {
     int replicas;
     std::int64_t micro_batch;
@@ -136,8 +136,10 @@ int run_bench_train(const BenchFlags& f) {
   for (int rep = 0; rep < f.repeats; ++rep) {  // interleaved, so drift hits all rows alike
     for (auto& row : rows) {
       row.matmul_samples_per_s.push_back(
-          matmul_samples_per_s(dims, row.replicas, row.micro_batch, f.steps * 256 / (row.replicas * row.micro_batch)));
+          matmul_samples_per_s(dims, row.replicas, row.micro_batch, f.steps * 256 / (row.replicas * row.micro_batch),
+                               host.process));
       train::TrainConfig c;
+      c.cores = host.process;
       c.replicas = row.replicas;
       c.micro_batch = row.micro_batch;
       c.steps = f.warmup + f.steps;

@@ -19,6 +19,16 @@ std::string first_line(const fs::path& file) {
   return line;
 }
 
+// The value of `key` in a memory.stat ("inactive_file 123" lines), or 0.
+double stat_value(const fs::path& file, const std::string& key) {
+  std::ifstream in(file);
+  std::string name;
+  double value = 0;
+  while (in >> name >> value)
+    if (name == key) return value;
+  return 0;
+}
+
 // A whole decimal number, or -1.
 double whole_number(const std::string& text) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return -1;
@@ -50,12 +60,15 @@ namespace {
 template <typename Read>
 void each_level(const fs::path& mount, const std::string& path, Read read) {
   std::vector<fs::path> levels;  // one name a level below the mount
-  for (const auto& name : fs::path(path).lexically_normal().relative_path())
+  bool outside = false;          // "/../x": a cgroup outside this namespace's root
+  for (const auto& name : fs::path(path).relative_path()) {
+    if (name == "..") outside = true;
     if (!name.empty() && name != "." && name != "..") levels.push_back(name);
+  }
   fs::path leaf = mount;
   for (const auto& name : levels) leaf /= name;
   std::error_code ec;
-  if (!fs::is_directory(leaf, ec)) levels.clear();
+  if (outside || !fs::is_directory(leaf, ec)) levels.clear();
   for (std::size_t depth = levels.size() + 1; depth-- > 0;) {
     fs::path at = mount;
     for (std::size_t i = 0; i < depth; ++i) at /= levels[i];
@@ -73,9 +86,11 @@ void add_quota(CgroupLimits& l, double quota, double period) {
 }
 
 // A limit of 2^62 bytes or more is v1's "none" (a page-rounded LONG_MAX).
-void add_memory(CgroupLimits& l, double max, double used) {
+// `used` counts the page cache, of which the inactive files' part is
+// reclaimed before the limit bites (MemAvailable counts it as free too).
+void add_memory(CgroupLimits& l, double max, double used, double inactive_file) {
   if (max < 0 || max >= 0x1p62) return;
-  const double free = std::max(0.0, max - std::max(0.0, used));
+  const double free = std::max(0.0, max - std::max(0.0, used - inactive_file));
   l.memory_free = l.memory_free >= 0 ? std::min(l.memory_free, free) : free;
 }
 
@@ -102,7 +117,8 @@ CgroupLimits read_cgroup_limits(const fs::path& mount, const fs::path& self) {
         std::istringstream cpu_max(first_line(at / "cpu.max"));  // "max 100000" or "150000 100000"
         std::string quota, period;
         if (cpu_max >> quota >> period) add_quota(l, whole_number(quota), whole_number(period));
-        add_memory(l, whole_number(first_line(at / "memory.max")), whole_number(first_line(at / "memory.current")));
+        add_memory(l, whole_number(first_line(at / "memory.max")), whole_number(first_line(at / "memory.current")),
+                   stat_value(at / "memory.stat", "inactive_file"));
       });
       continue;
     }
@@ -119,7 +135,8 @@ CgroupLimits read_cgroup_limits(const fs::path& mount, const fs::path& self) {
       } else if (controller == "memory") {
         each_level(dir, path, [&](const fs::path& at) {
           add_memory(l, whole_number(first_line(at / "memory.limit_in_bytes")),
-                     whole_number(first_line(at / "memory.usage_in_bytes")));
+                     whole_number(first_line(at / "memory.usage_in_bytes")),
+                     stat_value(at / "memory.stat", "total_inactive_file"));
         });
       }
     }

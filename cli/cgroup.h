@@ -20,18 +20,21 @@ struct CgroupLimits {
   // CPUs (1.5: one and a half CPUs' time per period); 0 when none is set.
   double cpu_quota = 0;
   // The least memory limit - usage of this cgroup and those above it, in
-  // bytes; negative when none is set.
+  // bytes, the usage without the inactive page cache (reclaimed first);
+  // negative when none is set.
   double memory_free = -1;
 };
 
 // The limits of this process's cgroups, from `self` (a /proc/self/cgroup:
 // "0::/path" for v2, "4:memory:/path" for v1) and their files under `mount`
 // (v2's files in it, v1's in mount/<controller>), from each cgroup up to the
-// mount. v2: cpuset.cpus.effective, cpu.max, memory.max - memory.current;
-// v1: cpuset.effective_cpus, cpu.cfs_quota_us / cpu.cfs_period_us,
-// memory.limit_in_bytes - memory.usage_in_bytes. A path that is not under
-// the mount (a container without its own cgroup namespace, whose mount is
-// its own cgroup) reads the mount's own files.
+// mount. v2: cpuset.cpus.effective, cpu.max, memory.max - memory.current
+// + memory.stat's inactive_file; v1: cpuset.effective_cpus,
+// cpu.cfs_quota_us / cpu.cfs_period_us, memory.limit_in_bytes -
+// memory.usage_in_bytes + memory.stat's total_inactive_file. A path that is
+// not under the mount (a container without its own cgroup namespace, whose
+// mount is its own cgroup; or "/../x", outside this namespace's root) reads
+// the mount's own files.
 CgroupLimits read_cgroup_limits(const std::filesystem::path& mount = "/sys/fs/cgroup",
                                 const std::filesystem::path& self = "/proc/self/cgroup");
 

@@ -28,9 +28,10 @@ double available_memory_bytes() {
       break;
     }
   }
-  // In a container, its cgroup's limit, which /proc/meminfo does not show.
+  // In a container, its cgroup's limit, which /proc/meminfo does not show;
+  // a full one is 1 byte free, not 0 (which says "unknown" and skips the checks).
   const double cgroup_free = read_cgroup_limits().memory_free;
-  if (cgroup_free >= 0 && (available == 0 || cgroup_free < available)) return cgroup_free;
+  if (cgroup_free >= 0 && (available == 0 || cgroup_free < available)) return std::max(1.0, cgroup_free);
   return available;
 }
 

@@ -10,7 +10,8 @@ namespace lockstep::cli {
 
 // The memory this process may still take: LOCKSTEP_MEMORY_AVAILABLE (bytes)
 // if set, else the host's MemAvailable or, if less, what its cgroup's
-// memory.max leaves (cgroup.h); 0 if unknown.
+// memory limit leaves (v2's memory.max, v1's memory.limit_in_bytes;
+// cgroup.h); 0 if unknown.
 double available_memory_bytes();
 
 // Bytes as the messages about memory show them: "24.1 GB", or "148 MB"

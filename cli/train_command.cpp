@@ -518,13 +518,13 @@ bool bucket_flag_given(const TrainFlags& f) {
 // one bucket if some host is so loaded and no rank was told otherwise (a
 // bucket flag, --overlap on|off, a link), so that ranks whose flags differ
 // only in ways that did not change the layout before still agree on it.
-void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group) {
+void one_bucket_if_cores_are_shared(TrainFlags& f, comm::Communicator* group, const HostCores& host) {
   auto& c = f.config;
   const bool eligible = c.overlap == train::Overlap::Auto && !c.link.enabled() && !c.deterministic &&
                         !bucket_flag_given(f) && c.replicas > 1;
   const int ranks_here = group == nullptr ? c.replicas : ranks_on_this_host(*group);
   const int replicas_in_process = group == nullptr ? c.replicas : 1;
-  const bool shared = ranks_here >= host_cores() || replicas_in_process >= process_cores();
+  const bool shared = ranks_here >= host.cores || replicas_in_process >= host.process;
   // {some host's or process's cores are shared, some rank is not eligible}: one max.
   float votes[2] = {shared ? 1.0f : 0.0f, eligible ? 0.0f : 1.0f};
   if (group != nullptr) comm::allreduce(*group, std::span(votes), {.op = comm::ReduceOp::Max});
@@ -566,7 +566,9 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
   // Over processes, every rank on this host needs its copy.
   check_memory(c, data, group == nullptr ? c.replicas : ranks_on_this_host(*group));
-  one_bucket_if_cores_are_shared(f, group);
+  const HostCores host = host_cores();
+  c.cores = host.process;  // the replicas' BLAS threads
+  one_bucket_if_cores_are_shared(f, group, host);
   const std::int64_t steps = train::total_steps(c, data);  // the trainer's own checks of the config, before seconds of measuring
   if (!f.profile_file.empty() && steps < 2) {  // its layers would be empty, and lockstep plan refuses that
     throw InvalidArgument("--profile times every step but the first (which warms up), and this run has " +
@@ -587,7 +589,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   check_timeline_step(f, data);
   // One host's sgemm peak, for MFU: stated (--peak-gflops), or measured on all cores.
   c.peak_flops_given = f.peak_gflops > 0;
-  const auto host_peak = [&f] { return f.peak_gflops > 0 ? f.peak_gflops * 1e9 : measure_peak_sgemm_flops(); };
+  const auto host_peak = [&] { return f.peak_gflops > 0 ? f.peak_gflops * 1e9 : measure_peak_sgemm_flops(host); };
   if (group == nullptr) c.peak_flops = host_peak();
   if (!f.quiet && rank0) {
     std::fprintf(stderr, "lockstep train: %d replicas x %lld%s on %s (%lld train, %lld test samples)\n",
@@ -640,12 +642,12 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     // Training outran the peak measured at start-up: this machine's speed
     // varies (up to 2x over a day on a shared VM). Measure again and keep
     // the faster; if training still outran it, say so.
-    c.peak_flops = std::max(c.peak_flops, measure_peak_sgemm_flops());
+    c.peak_flops = std::max(c.peak_flops, measure_peak_sgemm_flops(host));
     result.mfu = result.samples_per_s * result.flops_per_sample / c.peak_flops;
   }
   if (result.mfu > 1) {
     char gflops[32];
-    std::snprintf(gflops, sizeof gflops, "%.4g", c.peak_flops / 1e9);
+    std::snprintf(gflops, sizeof gflops, c.peak_flops >= 1e8 ? "%.1f" : "%.3g", c.peak_flops / 1e9);
     if (c.peak_flops_given) {
       warn(std::string("MFU over 1: training ran faster than the peak --peak-gflops gives (") + gflops +
            " GFLOP/s for the job" + (group != nullptr ? ": the flag's figure per host times the hosts" : "") +
@@ -758,8 +760,9 @@ Action add_train_command(CLI::App& app) {
       ->check(off_or_float_number(1e30));
   cmd->add_option("--peak-gflops", flags->peak_gflops,
                   "MFU against this sgemm peak of one host, in GFLOP/s (a device's rated figure, or one figure for "
-                  "runs you compare), instead of the one measured on all cores at start-up (0: measure it)")
-      ->check(number_in(0.0, 1e9));
+                  "runs you compare), instead of one measured on all cores (at start-up; over processes, by rank 0 "
+                  "at the end) (0: measure it)")
+      ->check(off_or_float_number(1e9));
   flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
   flags->weight_decay_option =
       cmd->add_option("--weight-decay", c.weight_decay,

@@ -363,11 +363,12 @@ void check_checkpointing(const TrainConfig& c, const nn::Model& probe, bool root
 // OpenBLAS's thread count is process-wide: set it for one run, restore it after.
 class BlasThreads {
  public:
-  // `replicas_here`: the replicas that share this host's cores. They get one
-  // BLAS thread each, unless there are fewer replicas than cores. Deterministic
-  // mode always takes one, so every product is computed the same way for any N.
-  BlasThreads(int replicas_here, bool deterministic) : previous_(nn::blas_threads()) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // `replicas_here`: the replicas that share this host's cores (`cores`, 0:
+  // every online CPU). They get one BLAS thread each, unless there are fewer
+  // replicas than cores. Deterministic mode always takes one, so every
+  // product is computed the same way for any N.
+  BlasThreads(int replicas_here, int cores, bool deterministic) : previous_(nn::blas_threads()) {
+    if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     wanted_ = replicas_here >= cores || deterministic ? 1 : std::max(1, cores / replicas_here);
     if (wanted_ != previous_) nn::set_blas_threads(wanted_);
   }
@@ -519,7 +520,7 @@ std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainCo
 TrainResult train(const TrainConfig& c, const data::ImageClassificationData& data, const TrainHooks& hooks) {
   Plan p = plan(c, data);
   check_checkpointing(c, *p.probe, true);
-  const BlasThreads blas_threads(c.replicas, c.deterministic);  // every replica is a thread of this process
+  const BlasThreads blas_threads(c.replicas, c.cores, c.deterministic);  // every replica is a thread of this process
 
   auto comms =
       comm::make_thread_group({.world_size = c.replicas, .timeout = c.timeout, .ranks_per_node = c.ranks_per_node});
@@ -574,7 +575,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   }
   Plan p = plan(c, data);
   check_checkpointing(c, *p.probe, comm.rank() == 0);
-  const BlasThreads blas_threads(local_world_size(comm.size()), c.deterministic);
+  const BlasThreads blas_threads(local_world_size(comm.size()), c.cores, c.deterministic);
   comm.set_timeout(c.timeout);
 
   // A failure here wakes the other processes at once, with the reason,

@@ -1,5 +1,5 @@
-// cli/cgroup.h: a container's CPU and memory limits, read from a cgroup v2
-// tree of the test's own making (as /sys/fs/cgroup and /proc/self/cgroup).
+// cli/cgroup.h: a container's CPU and memory limits, read from cgroup v2 and
+// v1 trees of the test's own making (as /sys/fs/cgroup and /proc/self/cgroup).
 #include "cgroup.h"
 
 #include <gtest/gtest.h>
@@ -65,7 +65,11 @@ TEST_F(Cgroup, TheLimitsOfItsCgroupAndThoseAboveIt) {
   // A lower limit below: the least wins.
   write(mount() / "job" / "step" / "memory.max", "1000000000\n");
   EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).memory_free, 5e8);
+  // The inactive page cache is reclaimed before the limit bites: free.
+  write(mount() / "job" / "step" / "memory.stat", "anon 100\nactive_file 7\ninactive_file 200000000\n");
+  EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).memory_free, 7e8);
   // Used past its limit (it can be, briefly): nothing free, not negative.
+  write(mount() / "job" / "step" / "memory.stat", "");
   write(mount() / "job" / "step" / "memory.current", "2000000000\n");
   EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).memory_free, 0);
 }
@@ -99,6 +103,8 @@ TEST_F(Cgroup, CgroupV1ControllersEachUnderTheirOwnFolder) {
   EXPECT_EQ(l.cpus, (std::vector<int>{2, 4}));
   EXPECT_DOUBLE_EQ(l.cpu_quota, 2.5);
   EXPECT_DOUBLE_EQ(l.memory_free, 7e9);
+  write(mount() / "memory" / "api" / "memory.stat", "cache 9\ninactive_file 5\ntotal_inactive_file 1000000000\n");
+  EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).memory_free, 8e9);  // v1's total_ counts the ones below
   // With a link per controller ("cpu" -> "cpu,cpuacct"), the same.
   fs::create_directory_symlink("cpu,cpuacct", mount() / "cpu");
   EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).cpu_quota, 2.5);
@@ -121,6 +127,13 @@ TEST_F(Cgroup, APathNotUnderTheMountReadsTheMount) {
   const CgroupLimits l = read_cgroup_limits(mount(), self());
   EXPECT_DOUBLE_EQ(l.cpu_quota, 2.0);
   EXPECT_EQ(l.cpus, (std::vector<int>{2, 3}));
+  // Outside this namespace's root ("/../x"): the mount's, not a cgroup x
+  // below the mount that happens to have that name.
+  write(mount() / "x" / "cpu.max", "50000 100000\n");
+  write(self(), "0::/../x\n");
+  EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).cpu_quota, 2.0);
+  write(self(), "0::/x\n");
+  EXPECT_DOUBLE_EQ(read_cgroup_limits(mount(), self()).cpu_quota, 0.5);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "lockstep/data/idx.h"
+#include "peak_flops.h"
 
 extern char** environ;
 
@@ -557,7 +558,7 @@ nlohmann::json two_rank_report(
   for (int r = 0; r < 2; ++r) {
     auto args = train_args(data, {"--steps", "2", "--backend", "gloo", "--rank", std::to_string(r), "--world-size",
                                   "2", "--rendezvous", "file:" + (dir / "rv").string(), "--timeout", "20"});
-    *(std::find(args.begin(), args.end(), "--hidden") + 1) = "600,600";
+    *std::next(std::find(args.begin(), args.end(), "--hidden")) = "600,600";
     if (r == 0) args.insert(args.end(), {"--report", report.string()});
     std::string program = LOCKSTEP_CLI;
     adjust(r, args, program);
@@ -566,15 +567,19 @@ nlohmann::json two_rank_report(
     all.push_back(std::make_unique<CliRun>(dir / ("rank" + std::to_string(r)), args, program));
   }
   ::unsetenv("LOCAL_WORLD_SIZE");
+  bool ok = true;
   for (auto& rank : all) {
-    EXPECT_EQ(rank->wait(), 0) << rank->err();
-    if (::testing::Test::HasFailure()) return {};
+    const int code = rank->wait();
+    EXPECT_EQ(code, 0) << rank->err();
+    ok = ok && code == 0;
   }
-  return nlohmann::json::parse(read_file(report));
+  return ok ? nlohmann::json::parse(read_file(report)) : nlohmann::json();
 }
 
+// train_args() without its --peak-gflops: the run measures the peak.
 void drop_stated_peak(std::vector<std::string>& args) {
   const auto at = std::find(args.begin(), args.end(), "--peak-gflops");
+  ASSERT_NE(at, args.end());
   args.erase(at, at + 2);
 }
 
@@ -596,7 +601,8 @@ TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  if (cpus.size() != 2) GTEST_SKIP() << "this process may not use both cores";
+  if (cpus.size() != 2 || lockstep::cli::host_cores().cores != 2) GTEST_SKIP() << "this process may not use both cores";
+  if (!fs::exists("/usr/bin/taskset")) GTEST_SKIP() << "no taskset (util-linux) to bind a rank with";
   struct Case {
     const char* name;
     std::array<const char*, 2> local;  // LOCAL_WORLD_SIZE of rank 0 and rank 1
@@ -636,27 +642,40 @@ TEST_F(LaunchTrain, RanksAgreeOnOneBucketWhereSomeHostsCoresAreShared) {
 }
 
 // A cgroup of this test's own under `controller` with one limit set: v1's
-// file and value in /sys/fs/cgroup/<controller>/<name>, else v2's in
-// /sys/fs/cgroup/<name>. An empty path where this host will not make one
-// (not root, no writable cgroup file system).
-fs::path limited_cgroup(const std::string& name, const std::string& controller,
-                        const std::pair<std::string, std::string>& v1_limit,
-                        const std::pair<std::string, std::string>& v2_limit) {
-  std::error_code ec;
-  const bool v1 = fs::is_directory("/sys/fs/cgroup/" + controller, ec);
-  const fs::path dir = (v1 ? "/sys/fs/cgroup/" + controller : std::string("/sys/fs/cgroup")) + "/" + name;
-  const auto& [file, value] = v1 ? v1_limit : v2_limit;
-  fs::create_directory(dir, ec);
-  if (ec) return {};
-  std::ofstream(dir / file) << value;
-  std::ifstream check(dir / file);
-  std::string set;
-  if (!std::getline(check, set) || set != value) {
-    fs::remove(dir, ec);
-    return {};
+// file and value in /sys/fs/cgroup/<controller>/, else v2's in
+// /sys/fs/cgroup/; named after this process, so that runs side by side do
+// not share it, and removed when it goes (its processes have exited by
+// then). path() is empty where this host will not make one (not root, no
+// writable cgroup file system).
+class TestCgroup {
+ public:
+  TestCgroup(const std::string& controller, const std::pair<std::string, std::string>& v1_limit,
+             const std::pair<std::string, std::string>& v2_limit) {
+    std::error_code ec;
+    const bool v1 = fs::is_directory("/sys/fs/cgroup/" + controller, ec);
+    const fs::path dir = (v1 ? "/sys/fs/cgroup/" + controller : std::string("/sys/fs/cgroup")) + "/lockstep_test_" +
+                         controller + "_" + std::to_string(getpid());
+    const auto& [file, value] = v1 ? v1_limit : v2_limit;
+    if (!fs::create_directory(dir, ec) || ec) return;
+    dir_ = dir;
+    std::ofstream(dir / file) << value;
+    std::ifstream check(dir / file);
+    std::string set;
+    if (!std::getline(check, set) || set != value) remove();
   }
-  return dir;
-}
+  ~TestCgroup() { remove(); }
+  TestCgroup(const TestCgroup&) = delete;
+  TestCgroup& operator=(const TestCgroup&) = delete;
+  const fs::path& path() const { return dir_; }
+
+ private:
+  void remove() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove(dir_, ec);
+    dir_.clear();
+  }
+  fs::path dir_;
+};
 
 // Starts `args` (then `program`) from a shell that first moves itself into `cgroup`.
 void start_in_cgroup(const fs::path& cgroup, std::vector<std::string>& args, std::string& program) {
@@ -668,16 +687,14 @@ void start_in_cgroup(const fs::path& cgroup, std::vector<std::string>& args, std
 // host (LOCAL_WORLD_SIZE=1), each in a cgroup with a quota of one CPU, have
 // no core to spare on a 2-core host, and take one bucket (cli/cgroup.h).
 TEST_F(LaunchTrain, RanksHeldToOneCpuByTheirCgroupTakeOneBucket) {
-  if (sysconf(_SC_NPROCESSORS_ONLN) != 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
-  const fs::path cgroup = limited_cgroup("lockstep_test_one_cpu", "cpu", {"cpu.cfs_quota_us", "100000"},
-                                         {"cpu.max", "100000 100000"});
+  if (sysconf(_SC_NPROCESSORS_ONLN) != 2 || lockstep::cli::host_cores().cores != 2) GTEST_SKIP() << "written for a host of 2 cores, as CI's";
+  const TestCgroup one_cpu("cpu", {"cpu.cfs_quota_us", "100000"}, {"cpu.max", "100000 100000"});
+  const fs::path& cgroup = one_cpu.path();
   if (cgroup.empty()) GTEST_SKIP() << "cannot make a cgroup with a CPU quota here (needs root)";
   const auto j = two_rank_report(make_data_dir("one_cpu_cgroup"), run_dir("one_cpu_cgroup"), {"1", "1"},
                                  [&](int, std::vector<std::string>& args, std::string& program) {
                                    start_in_cgroup(cgroup, args, program);
                                  });
-  std::error_code ec;
-  fs::remove(cgroup, ec);  // empty again: its processes have exited
   ASSERT_FALSE(j.is_null());
   EXPECT_TRUE(j["config"]["one_bucket_on_shared_cores"].get<bool>());
   EXPECT_EQ(j["buckets"].size(), 1u);
@@ -690,8 +707,8 @@ TEST_F(LaunchTrain, RanksHeldToOneCpuByTheirCgroupTakeOneBucket) {
 TEST_F(LaunchTrain, ARunOverItsCgroupsMemoryLimitIsRefusedNotKilled) {
   // 256 MiB: a whole number of pages (v1 rounds the limit down to one), and
   // room for the ~70 MB an AddressSanitizer build takes to start.
-  const fs::path cgroup = limited_cgroup("lockstep_test_256mib", "memory", {"memory.limit_in_bytes", "268435456"},
-                                         {"memory.max", "268435456"});
+  const TestCgroup limited("memory", {"memory.limit_in_bytes", "268435456"}, {"memory.max", "268435456"});
+  const fs::path& cgroup = limited.path();
   if (cgroup.empty()) GTEST_SKIP() << "cannot make a cgroup with a memory limit here (needs root)";
   const fs::path dir = run_dir("memory_cgroup");
   std::vector<std::string> args = {"train",   "--data",   make_data_dir("memory_cgroup").string(), "--replicas", "8",
@@ -700,8 +717,6 @@ TEST_F(LaunchTrain, ARunOverItsCgroupsMemoryLimitIsRefusedNotKilled) {
   start_in_cgroup(cgroup, args, program);
   CliRun run(dir, args, program);
   EXPECT_EQ(run.wait(), 2) << run.err();
-  std::error_code ec;
-  fs::remove(cgroup, ec);
   EXPECT_NE(run.err().find("GB for 8 replicas' weights, gradients and optimizer state"), std::string::npos)
       << run.err();
   EXPECT_NE(run.err().find(" MB free; lower --replicas"), std::string::npos) << run.err();

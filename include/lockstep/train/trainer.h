@@ -154,6 +154,10 @@ struct TrainConfig {
   // TrainHooks::on_checkpoint every this many steps (0: at epoch ends only),
   // and always at each epoch's end and the run's last step.
   std::int64_t checkpoint_every = 0;
+  // The cores this process may use, shared by the replicas on this host for
+  // their BLAS threads (lockstep train: its cgroup's and affinity's); 0:
+  // std::thread::hardware_concurrency().
+  int cores = 0;
   double peak_flops = 0;                             // the peak MFU is against (FLOP/s); 0 = no MFU
   bool peak_flops_given = false;                     // stated by the user (lockstep train --peak-gflops), not measured
   std::int64_t warmup_steps = 0;                     // steps left out of the throughput timing
