@@ -511,8 +511,8 @@ bool bucket_flag_given(const TrainFlags& f) {
 // holds for a process that may use no more cores than it runs replicas: bound
 // to them (taskset; mpirun binds a rank to one core) or held to them by its
 // cgroup's CPU quota (a container). So with --overlap auto and no bucket
-// flag, such a run takes one bucket. A
-// modelled link keeps the buckets: its delay is a sleep, not a core's work.
+// flag, such a run takes one bucket. A modelled link keeps the buckets: its
+// delay is a sleep, not a core's work.
 // Every rank takes the same decision (the bucket layout is checked across
 // ranks), in one small all-reduce that every rank joins whatever its flags:
 // one bucket if some host is so loaded and no rank was told otherwise (a
