@@ -35,24 +35,6 @@ double whole_number(const std::string& text) {
   return std::strtod(text.c_str(), nullptr);
 }
 
-}  // namespace
-
-std::vector<int> parse_cpu_list(const std::string& text) {
-  std::vector<int> cpus;
-  std::istringstream ranges(text);
-  std::string range;
-  while (std::getline(ranges, range, ',')) {
-    const auto dash = range.find('-');
-    const double lo = whole_number(range.substr(0, dash));
-    const double hi = dash == std::string::npos ? lo : whole_number(range.substr(dash + 1));
-    if (lo < 0 || hi < lo || hi >= 1 << 16) return {};
-    for (int c = int(lo); c <= int(hi); ++c) cpus.push_back(c);
-  }
-  return cpus;
-}
-
-namespace {
-
 // Calls read(dir) for the cgroup at `path` under `mount` and for each cgroup
 // above it, up to `mount`. A path that is not there (a container without its
 // own cgroup namespace sees its path from the host's root, with its own
@@ -102,6 +84,20 @@ fs::path controller_dir(const fs::path& mount, const std::string& controller, co
 }
 
 }  // namespace
+
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::istringstream ranges(text);
+  std::string range;
+  while (std::getline(ranges, range, ',')) {
+    const auto dash = range.find('-');
+    const double lo = whole_number(range.substr(0, dash));
+    const double hi = dash == std::string::npos ? lo : whole_number(range.substr(dash + 1));
+    if (lo < 0 || hi < lo || hi >= 1 << 16) return {};
+    for (int c = int(lo); c <= int(hi); ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
 
 CgroupLimits read_cgroup_limits(const fs::path& mount, const fs::path& self) {
   CgroupLimits l;
