@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "lockstep/version.h"
+
 namespace lockstep::train {
 namespace {
 
@@ -296,6 +298,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
 
 std::string report_json(const TrainConfig& c, const TrainResult& r) {
   nlohmann::json j;
+  j["build"] = lockstep::build_id();  // over processes every rank's: connect compared them
   j["replicas"] = r.replicas;
   j["micro_batch"] = r.micro_batch;
   j["accumulate"] = r.accumulate;

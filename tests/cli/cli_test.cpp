@@ -23,6 +23,7 @@
 
 #include "lockstep/data/idx.h"
 #include "lockstep/nn/safetensors.h"
+#include "lockstep/version.h"
 
 namespace {
 
@@ -50,7 +51,10 @@ CliRun run_command(const std::string& command) {
 }
 
 CliRun run(const std::string& args) {
-  return run_command(std::string(LOCKSTEP_CLI) + " " + args);
+  std::string command = LOCKSTEP_CLI;  // appended, not operator+: GCC 12 -Warray-bounds misreads that inlined
+  command += ' ';
+  command += args;
+  return run_command(command);
 }
 
 // run() under timeout(1): for a command that used to block for good (124 then).
@@ -87,6 +91,22 @@ TEST(Cli, HelpShowsDefaults) {
   EXPECT_EQ(r.code, 0);
   for (const char* s : {"--replicas", "--micro-batch", "--hidden", "512,512", "--optimizer", "sgd", "--lr"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s;
+}
+
+// The build that ranks of a group compare (Note [One build per group]) is
+// what --version prints and what a report records.
+TEST(Cli, VersionAndReportNameTheBuild) {
+  const std::string build = lockstep::build_id();
+  EXPECT_NE(build.find(std::string(lockstep::version()) + "+"), std::string::npos) << build;
+  const CliRun v = run("--version");
+  EXPECT_EQ(v.code, 0) << v.output;
+  EXPECT_EQ(v.output, std::string("lockstep ") + lockstep::version() + " (build " + build + ")\n");
+  const fs::path dir = make_data_dir("cli_version_build");
+  const fs::path report = dir / "r.json";
+  const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --report " +
+                       report.string() + kStatedPeak);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(report))["build"], build);
 }
 
 // --optimizer adamw takes torch.optim.AdamW's defaults (lr 0.001, weight

@@ -178,6 +178,7 @@ int run(std::map<std::string, std::string>& a) {
   if (per_node > 0) o.bind = "127.0.0." + std::to_string(1 + o.rank / per_node);
   if (a.count("--bind")) o.bind = a["--bind"];
   if (a.count("--job-id")) o.job_id = a["--job-id"];
+  if (a.count("--build")) o.build = a["--build"];
   const std::string scenario = a["--scenario"], dir = a["--dir"];
   const int iterations = a.count("--iterations") ? std::stoi(a["--iterations"]) : 1000;
 

@@ -22,7 +22,9 @@
 
 #include "comm/gloo/mesh.h"
 #include "comm/gloo/store.h"
+#include "lockstep/comm/process_group.h"
 #include "lockstep/error.h"
+#include "lockstep/version.h"
 #include "gloo_group.h"
 #include "redis_server.h"
 #include "temp_dir_test.h"
@@ -262,7 +264,7 @@ TEST_F(GlooRendezvous, AStoreThatStopsAnsweringGetsNoCleanUpCalls) {
   StallingRedis server(kAnswered);
   comm::gloo_backend::RendezvousStore store(server.address(), "job", std::chrono::milliseconds(200));
   EXPECT_THROW(comm::gloo_backend::join(store, 0, 2, std::chrono::milliseconds(20000),
-                                        std::chrono::steady_clock::now() + 20s),
+                                        std::chrono::steady_clock::now() + 20s, lockstep::build_id()),
                lockstep::IoError);
   EXPECT_TRUE(store.unresponsive());
   EXPECT_EQ(server.received(), kAnswered + 1) << "calls after the one that timed out";
@@ -403,7 +405,7 @@ TEST_F(GlooRendezvous, APeerThatPublishesLateAndNeverConnectsCostsNoMoreThanTheD
   // Rank 1, faked here: it joins, makes its pair with rank 0 and publishes
   // its address at 5 s, and never connects.
   comm::gloo_backend::RendezvousStore store("file:" + (dir_ / "rdv").string(), "lockstep", 2000ms);
-  comm::gloo_backend::join(store, 1, 2, 6000ms, start + 6s);
+  comm::gloo_backend::join(store, 1, 2, 6000ms, start + 6s, lockstep::build_id());
   // Rank 0's address for its pair with rank 1: the second entry of addr/0
   // (4-byte lengths, then the bytes; encode_addresses).
   std::optional<std::string> theirs;
@@ -456,6 +458,64 @@ TEST_F(GlooRendezvous, WorldSizeDisagreementIsRefusedAtOnce) {
   for (const auto& e : exits) {
     EXPECT_EQ(e.code, 2) << contains_msg(e);
     EXPECT_NE(e.log.find("with world size 4"), std::string::npos) << contains_msg(e);
+  }
+}
+
+// Ranks of different builds are refused in the join, before any connection,
+// and every rank's message names both builds (Note [One build per group]).
+TEST_F(GlooRendezvous, RanksOfDifferentBuildsAreRefusedAtOnceNamingBoth) {
+  GlooGroup group(dir_);
+  auto a = args(3), b = args(3);
+  for (auto* x : {&a, &b}) x->insert(x->end(), {"--rendezvous-timeout-ms", "60000"});
+  b.insert(b.end(), {"--build", "0.0.9+gfeedfacecafe"});
+  group.spawn(0, a);
+  group.spawn(1, a);
+  group.spawn(2, b);
+  const auto exits = group.wait_all(20s);  // at once, well before the rendezvous timeout
+  ASSERT_EQ(exits.size(), 3u);
+  for (const auto& e : exits) {
+    EXPECT_EQ(e.code, 2) << contains_msg(e);
+    EXPECT_NE(e.log.find("runs build 0.0.9+gfeedfacecafe"), std::string::npos) << contains_msg(e);
+    EXPECT_NE(e.log.find(std::string("runs build ") + lockstep::build_id()), std::string::npos) << contains_msg(e);
+    EXPECT_NE(e.log.find("start every rank from the same build"), std::string::npos) << contains_msg(e);
+  }
+}
+
+// A claim in the format of a build from before builds were compared (five
+// fields): refused as such, by name, not taken for this build's.
+TEST_F(GlooRendezvous, AClaimThatStatesNoBuildIsAnOlderLockstepAndRefused) {
+  const auto rdv = dir_ / "rdv";
+  std::filesystem::create_directories(rdv);
+  {
+    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep");
+    ASSERT_TRUE(store.set_if_absent("rank/1", "0123456789abcdef 2 otherhost 4242 another-boot:1:2"));
+  }
+  GlooGroup group(dir_);
+  auto a = args(2);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  group.spawn(0, a);
+  const auto exits = group.wait_all(20s);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("rank 1 (pid 4242 on otherhost) runs an older lockstep, from before builds were "
+                              "compared, but rank 0 runs build " + std::string(lockstep::build_id())),
+            std::string::npos)
+      << contains_msg(exits[0]);
+}
+
+// A build the claim's format cannot carry is the program's mistake, refused
+// before the store is touched.
+TEST(GlooBuild, ABuildWithSpacesOrTooLongIsRefused) {
+  comm::ProcessGroupOptions o{.rank = 0, .world_size = 1, .rendezvous = "file:/nonexistent/never-used"};
+  const std::vector<std::string> bads = {"", "1.0 beta", std::string(comm::kMaxBuildIdBytes + 1, 'x')};
+  for (const auto& bad : bads) {
+    o.build = bad;
+    try {
+      comm::connect_gloo(o);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("printable characters without spaces"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "lockstep/comm/process_group.h"
+#include "lockstep/error.h"
 #include "mpi_rank.h"
 
 namespace lockstep::testing {
@@ -47,7 +49,15 @@ comm::Communicator& mpi_world() {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   auto& world = lockstep::testing::world_slot();
-  world = lockstep::comm::connect_mpi({.timeout = std::chrono::seconds(10)});
+  lockstep::comm::ProcessGroupOptions options{.timeout = std::chrono::seconds(10)};
+  // mpi_build_test.sh: a rank that states another build.
+  if (const char* build = std::getenv("LOCKSTEP_TEST_BUILD")) options.build = build;
+  try {
+    world = lockstep::comm::connect_mpi(options);
+  } catch (const lockstep::Error& e) {
+    std::fprintf(stderr, "lockstep_mpi_tests: %s\n", e.what());
+    return 2;
+  }
   if (world->rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

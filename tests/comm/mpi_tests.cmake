@@ -70,3 +70,10 @@ endforeach()
 
 # The tag mapping alone: a pure function, no MPI needed (the quick set).
 lockstep_test(lockstep_mpi_tags_tests SOURCES mpi_tags_test.cpp LIBS lockstep_comm)
+
+# Two ranks of different builds (MPMD: the second states a fake one): both
+# refuse in connect, naming both builds (mpi_build_test.sh).
+add_test(NAME lockstep_mpi_build.np2
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mpi_build_test.sh ${LOCKSTEP_MPIEXEC} $<TARGET_FILE:lockstep_mpi_tests>)
+set_tests_properties(lockstep_mpi_build.np2 PROPERTIES
+  LABELS process TIMEOUT 60 ENVIRONMENT "${LOCKSTEP_MPI_TEST_ENV}")

@@ -16,10 +16,13 @@
 #include <string>
 
 #include "lockstep/comm/communicator.h"
+#include "lockstep/version.h"
 
 namespace lockstep::comm {
 
 enum class Backend { Threads, Gloo, Mpi };
+
+inline constexpr std::size_t kMaxBuildIdBytes = 128;
 const char* to_string(Backend backend);
 Backend backend_from_string(const std::string& name);  // throws InvalidArgument naming the choices
 // Whether this build has `backend` (Gloo and MPI are optional CMake targets).
@@ -41,6 +44,12 @@ struct ProcessGroupOptions {
   // contents to every peer before any data is exchanged. Empty: from
   // LOCKSTEP_SECRET_FILE, else none (a multi-machine rendezvous then warns).
   std::string secret_file;
+  // Every rank of a group runs the same build: connect refuses a peer whose
+  // `build` differs, naming both, before any collective (ranks of different
+  // builds may call different collectives, or the same ones with other
+  // meanings). A program may append its own version to lockstep's. At most
+  // kMaxBuildIdBytes printable bytes, no spaces.
+  std::string build = lockstep::build_id();
   Duration timeout{std::chrono::seconds(60)};             // every blocking call
   Duration rendezvous_timeout{std::chrono::seconds(60)};  // until every rank has joined
 };
@@ -53,8 +62,9 @@ ProcessGroupOptions with_environment(ProcessGroupOptions options);
 
 // Connects this process to its group. Blocks until every rank has joined or
 // `rendezvous_timeout` has passed: then throws TimeoutError listing the
-// missing ranks by number. A duplicate rank, or ranks that disagree on the
-// world size, are refused at once (InvalidArgument).
+// missing ranks by number. A duplicate rank, ranks that disagree on the
+// world size, and ranks of different builds (`build`) are refused at once
+// (InvalidArgument).
 //
 // Gloo: every rank then proves the job secret to every peer (HMAC-SHA256 over
 // fresh nonces from both sides, the job id and both ranks); a peer that fails

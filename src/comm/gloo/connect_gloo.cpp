@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "build_check.h"
 #include "gloo_communicator.h"
 #include "handshake.h"
 #include "lockstep/error.h"
@@ -76,6 +77,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
                           std::to_string(o.timeout.count()) + " ms and a rendezvous timeout of " +
                           std::to_string(o.rendezvous_timeout.count()) + " ms");
   }
+  detail::check_build("gloo", o.build);
   // Refuse a bad secret file before touching the network.
   const std::string secret =
       o.secret_file.empty() ? std::string() : gloo_backend::read_secret_file(o.secret_file);
@@ -103,7 +105,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
   mesh->setTimeout(o.timeout);
   // Failing, the join publishes its reason and withdraws this rank's claim itself.
   const std::vector<std::string> hosts =
-      gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline);
+      gloo_backend::join(*store, o.rank, o.world_size, o.rendezvous_timeout, deadline, o.build);
   // From here on the group's aborts go under its session (join.h).
   try {
     // A file rendezvous binds loopback by default, which ranks on other hosts

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "build_check.h"
 #include "lockstep/error.h"
 #include "sigpipe.h"
 
@@ -52,20 +53,35 @@ std::string pid_space() {
   return boot + ":" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);  // namespaces(7)
 }
 
+// A claim: "NONCE WORLD_SIZE HOST PID PID_SPACE BUILD". Fields are only
+// ever added at the end: a build reads the fields it knows and ignores the
+// rest, so builds that differ still read each other's claims far enough to
+// refuse each other by name (Note [One build per group]).
 struct Registration {
   std::string nonce;
   int world_size = -1;
   std::string host;
   long pid = 0;
   std::string pid_space = "?";
+  std::string build;  // empty: a build from before claims stated theirs
 };
 
 Registration parse(const std::string& value) {
   Registration r;
   std::istringstream s(value);
-  s >> r.nonce >> r.world_size >> r.host >> r.pid >> r.pid_space;
+  s >> r.nonce >> r.world_size >> r.host >> r.pid >> r.pid_space >> r.build;
   return r;
 }
+
+// Note [One build per group]: ranks of different builds may run different
+// collectives at start-up (a check added, an exchange reordered), or the same
+// ones with different meanings. Over the wire that shows as a collective
+// mismatch or a hang, naming calls and never the cause. So each claim states
+// its build (lockstep::build_id(), or what the program gave), and a rank
+// refuses a group whose claims differ from its own, naming both builds,
+// before any connection is made. A claim that states none is a build from
+// before this check: refused too, as such. (Over MPI the build travels
+// beside the processor name, in the exchange connect_mpi makes anyway.)
 
 // A claim by a process in this boot and pid namespace that no longer exists:
 // an earlier job's leftover (a rank killed during its rendezvous never
@@ -201,14 +217,14 @@ namespace {
 
 std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int world_size,
                                       std::chrono::milliseconds timeout, Clock::time_point deadline,
-                                      const std::string& nonce) {
+                                      const std::string& nonce, const std::string& build) {
   const std::string where = "rendezvous " + store.address();
   const std::string me = "rank " + std::to_string(rank);
 
   // 1. Claim the rank.
   const std::string mine =
       nonce + " " + std::to_string(world_size) + " " + hostname() + " " + std::to_string(::getpid()) + " " +
-      pid_space();
+      pid_space() + " " + build;
   const std::string rank_key = "rank/" + std::to_string(rank);
   store.set_if_absent(rank_key, mine);
   auto held = store.try_get(rank_key);
@@ -289,6 +305,12 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
                           std::to_string(other.world_size) + " but " + me + " with world size " +
                           std::to_string(world_size));
       }
+      if (other.build != build) {
+        refuse(store, where + ": " +
+                          detail::build_mismatch("rank " + std::to_string(i) + " (pid " + std::to_string(other.pid) +
+                                                     " on " + other.host + ")",
+                                                 other.build, me, build));
+      }
       joined[i] = true;
       hosts[i] = other.host;
       nonces[i] = other.nonce;
@@ -327,7 +349,7 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
 }  // namespace
 
 std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                              Clock::time_point deadline) {
+                              Clock::time_point deadline, const std::string& build) {
   // An "abort" with no claimant left, older than a job's ranks take to
   // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
   if (const auto value = store.try_get("abort")) {
@@ -340,7 +362,7 @@ std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, 
   throw_if_aborted(store, rank);
   const std::string nonce = make_nonce();
   try {
-    return join_claimed(store, rank, world_size, timeout, deadline, nonce);
+    return join_claimed(store, rank, world_size, timeout, deadline, nonce, build);
   } catch (const std::exception& e) {
     // A store that stopped answering gets no clean-up calls: each would wait
     // the whole timeout again (four of them took 4x the timeout). The claim

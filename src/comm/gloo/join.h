@@ -52,10 +52,11 @@ using Clock = std::chrono::steady_clock;
 inline constexpr std::chrono::seconds kAbortFreshFor{3};
 
 // Joins rank `rank` of `world_size`; returns once every rank has joined, with
-// the store's session set, each rank's host name (by rank). On failure this
-// rank's claim is withdrawn first.
+// the store's session set, each rank's host name (by rank). A rank whose
+// claim states another `build` (ProcessGroupOptions::build, no spaces) is
+// refused. On failure this rank's claim is withdrawn first.
 std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                              Clock::time_point deadline);
+                              Clock::time_point deadline, const std::string& build);
 
 // Best effort: records `reason` as the group's abort reason (store.abort_key())
 // unless one is there. Never throws.

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../algorithms.h"
+#include "../build_check.h"
 #include "../fingerprint.h"
 #include "../peer_check.h"
 #include "lockstep/comm/process_group.h"
@@ -151,7 +152,16 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
 // own exchange complete, and that abort belongs to the next call, not to
 // connect. A peer that never joins the exchange ends it by the timeout.
 // Bytes: N x MPI_MAX_PROCESSOR_NAME received per rank, once per communicator.
-std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
+//
+// Each slot also carries the rank's build (Note [One build per group] in
+// src/comm/gloo/join.cpp), after the name's terminating NUL: a build from
+// before the check reads the name alone and zeroes the rest, which reads
+// here as "no build stated". Returns each rank's (name, build).
+struct Peer {
+  std::string name, build;
+};
+
+std::vector<Peer> exchange_names(MpiChannel& channel, Duration timeout, const std::string& build) {
   const int n = channel.size();
   std::array<char, MPI_MAX_PROCESSOR_NAME> mine{};
   // On a timeout the collective is still pending and MPI may write into this
@@ -162,6 +172,13 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
     auto lock = channel.session().lock();
     int length = 0;
     detail::check_mpi(MPI_Get_processor_name(mine.data(), &length), "MPI_Get_processor_name");
+    const std::size_t name_bytes = strnlen(mine.data(), mine.size());
+    if (name_bytes + 1 + build.size() >= mine.size()) {  // never with a host name (at most 64 bytes)
+      channel.abort("the build does not fit beside the processor name");
+      throw InvalidArgument("rank " + std::to_string(channel.rank()) + ": the processor name '" + mine.data() +
+                            "' leaves no room for the build " + build + " in MPI_MAX_PROCESSOR_NAME bytes");
+    }
+    std::memcpy(mine.data() + name_bytes + 1, build.data(), build.size());
     detail::check_mpi(MPI_Iallgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all->data(),
                                      MPI_MAX_PROCESSOR_NAME, MPI_CHAR, channel.comm(), &request),
                       "MPI_Iallgather");
@@ -184,17 +201,24 @@ std::vector<int> exchange_nodes(MpiChannel& channel, Duration timeout) {
     }
     std::this_thread::yield();  // a nonblocking collective advances only inside MPI calls
   }
-  std::vector<std::string> names(static_cast<std::size_t>(n));
+  std::vector<Peer> peers(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    const char* name = all->data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
-    names[static_cast<std::size_t>(r)].assign(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+    const char* slot = all->data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    const std::size_t name_bytes = strnlen(slot, MPI_MAX_PROCESSOR_NAME);
+    auto& p = peers[static_cast<std::size_t>(r)];
+    p.name.assign(slot, name_bytes);
+    if (name_bytes + 1 < MPI_MAX_PROCESSOR_NAME) {
+      const char* rest = slot + name_bytes + 1;
+      p.build.assign(rest, strnlen(rest, MPI_MAX_PROCESSOR_NAME - name_bytes - 1));
+    }
   }
-  return detail::number_nodes(names);
+  return peers;
 }
 
 }  // namespace
 
 std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
+  detail::check_build("mpi", options.build);  // a program's mistake, before MPI is touched
   auto session = detail::MpiSession::acquire();
   session->note_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout));
   auto channel = std::make_shared<MpiChannel>(std::move(session), MPI_COMM_WORLD,
@@ -220,7 +244,18 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
            std::to_string(channel->tag_window()) + " collectives in flight, too few for " + std::to_string(size) +
            " ranks (src/comm/mpi/mpi_tags.h)");
   }
-  std::vector<int> nodes = exchange_nodes(*channel, options.timeout);
+  const std::vector<Peer> peers = exchange_names(*channel, options.timeout, options.build);
+  std::vector<std::string> names;
+  for (int r = 0; r < size; ++r) {
+    const Peer& p = peers[static_cast<std::size_t>(r)];
+    if (p.build != options.build) {  // every rank sees the same list: all refuse, the first differing rank named
+      refuse("rank " + std::to_string(rank) + ": " +
+             detail::build_mismatch("rank " + std::to_string(r) + " (on " + p.name + ")", p.build, "this rank",
+                                    options.build));
+    }
+    names.push_back(p.name);
+  }
+  std::vector<int> nodes = detail::number_nodes(names);
   auto comm = std::make_unique<MpiCommunicator>(std::move(channel));
   comm->set_timeout(options.timeout);
   comm->set_nodes(std::move(nodes));
