@@ -141,14 +141,14 @@ double time_allreduce(int n, int per_node, std::size_t bytes, comm::Algorithm al
 // its buffer and scratch of up to the same size, and rank 0 first measures
 // memcpy over 2 x 256 MiB.
 void check_sizes_fit_in_memory(const Flags& f, std::size_t largest, int ranks_here) {
-  const double available = available_memory_bytes();
+  const std::optional<double> available = available_memory_bytes();
   const double need = std::max(2.0 * double(largest) * ranks_here, 2.0 * (256 << 20));
-  if (available > 0 && need > available) {
+  if (available && need > *available) {
     char text[320];
     std::snprintf(text, sizeof text,
                   "--sizes: an all-reduce of %zu bytes per rank on %d ranks here needs about %s (a buffer "
                   "and scratch per rank), and this host has %s free; give smaller --sizes%s.",
-                  largest, ranks_here, show_bytes(need).c_str(), show_bytes(available).c_str(),
+                  largest, ranks_here, show_bytes(need).c_str(), show_bytes(*available).c_str(),
                   backend_of(f.group) == comm::Backend::Threads ? " or fewer --replicas" : "");
     throw InvalidArgument(text);
   }

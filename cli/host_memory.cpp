@@ -10,7 +10,7 @@
 
 namespace lockstep::cli {
 
-double available_memory_bytes() {
+std::optional<double> available_memory_bytes() {
   // An override, for a limit neither /proc/meminfo nor the cgroup shows,
   // and for tests that must not depend on the machine's size.
   if (const char* env = std::getenv("LOCKSTEP_MEMORY_AVAILABLE"); env != nullptr && *env != '\0') {
@@ -20,7 +20,8 @@ double available_memory_bytes() {
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
-  double kib = 0, available = 0;
+  double kib = 0;
+  std::optional<double> available;
   std::string unit;
   while (meminfo >> key >> kib >> unit) {
     if (key == "MemAvailable:") {
@@ -28,10 +29,9 @@ double available_memory_bytes() {
       break;
     }
   }
-  // In a container, its cgroup's limit, which /proc/meminfo does not show;
-  // a full one is 1 byte free, not 0 (which says "unknown" and skips the checks).
-  const double cgroup_free = read_cgroup_limits().memory_free;
-  if (cgroup_free >= 0 && (available == 0 || cgroup_free < available)) return std::max(1.0, cgroup_free);
+  // In a container, its cgroup's limit, which /proc/meminfo does not show.
+  const double cgroup_free = read_cgroup_limits().memory_free;  // < 0: no limit found
+  if (cgroup_free >= 0 && (!available || cgroup_free < *available)) return cgroup_free;
   return available;
 }
 
@@ -46,9 +46,9 @@ std::string show_bytes(double bytes) {
 }
 
 data::ImageClassificationData load_data(const std::filesystem::path& dir, bool normalize, int processes_here) {
-  return data::load_image_classification(
-      dir, {.normalize = normalize,
-            .memory_budget_bytes = available_memory_bytes() / std::max(1, processes_here)});
+  std::optional<double> budget = available_memory_bytes();
+  if (budget) *budget /= std::max(1, processes_here);
+  return data::load_image_classification(dir, {.normalize = normalize, .memory_budget_bytes = budget});
 }
 
 }  // namespace lockstep::cli

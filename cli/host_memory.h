@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "lockstep/data/dataset.h"
@@ -11,8 +12,8 @@ namespace lockstep::cli {
 // The memory this process may still take: LOCKSTEP_MEMORY_AVAILABLE (bytes)
 // if set, else the host's MemAvailable or, if less, what its cgroup's
 // memory limit leaves (v2's memory.max, v1's memory.limit_in_bytes;
-// cgroup.h); 0 if unknown.
-double available_memory_bytes();
+// cgroup.h), which may be 0 (a full cgroup); none if neither is known.
+std::optional<double> available_memory_bytes();
 
 // Bytes as the messages about memory show them: "24.1 GB", or "148 MB"
 // under a gigabyte (a container's limit can be that small).

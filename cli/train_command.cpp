@@ -268,8 +268,8 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
   const double state = params * sizeof(float) * copies;
   const double activations = activation_floats * double(c.micro_batch) * sizeof(float);
   const double need = replicas_here * (state + activations);
-  const double available = available_memory_bytes();
-  if (available > 0 && need > available) {
+  const std::optional<double> available = available_memory_bytes();
+  if (available && need > *available) {
     char text[384];
     if (activations > state) {
       std::snprintf(text, sizeof text,
@@ -277,13 +277,13 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
                     "and their weights, gradients and optimizer state on this host, and it has %s free; lower "
                     "--micro-batch or --replicas (or the processes per host)%s.",
                     show_bytes(need).c_str(), replicas_here, static_cast<long long>(c.micro_batch),
-                    show_bytes(activations).c_str(), show_bytes(available).c_str(), widths);
+                    show_bytes(activations).c_str(), show_bytes(*available).c_str(), widths);
     } else {
       std::snprintf(text, sizeof text,
                     "this run needs at least %s for %d replicas' weights, gradients and optimizer state (%.3g "
                     "parameters each) and activations on this host, and it has %s free; lower --replicas (or "
                     "the processes per host)%s.",
-                    show_bytes(need).c_str(), replicas_here, params, show_bytes(available).c_str(), widths);
+                    show_bytes(need).c_str(), replicas_here, params, show_bytes(*available).c_str(), widths);
     }
     throw InvalidArgument(text);
   }

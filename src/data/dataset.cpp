@@ -153,8 +153,7 @@ ImageClassificationData load_image_classification(const std::filesystem::path& d
 
   ImageClassificationData data;
   data.dir = dir;
-  Budget budget;
-  if (options.memory_budget_bytes > 0) budget = options.memory_budget_bytes;
+  Budget budget = options.memory_budget_bytes;
   data.train = load_pair(train_images, train_labels, budget);
   data.test = load_pair(test_images, test_labels, budget);
   if (data.train.shape != data.test.shape) {

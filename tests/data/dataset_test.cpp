@@ -202,6 +202,9 @@ TEST_F(DatasetTest, ADataSetPastTheMemoryBudgetIsRefusedNamingTheFile) {
     EXPECT_NE(msg.find("train-images-idx3-ubyte"), std::string::npos) << msg;
     EXPECT_NE(msg.find("give a smaller data set (--data DIR)"), std::string::npos) << msg;
   }
+  // No budget is no limit; a budget of 0 (a full container) is a limit, not "unknown".
+  EXPECT_NO_THROW(load_image_classification(dir_, {.memory_budget_bytes = std::nullopt}));
+  EXPECT_THROW(load_image_classification(dir_, {.memory_budget_bytes = 0.0}), InvalidArgument);
 }
 
 TEST_F(DatasetTest, ALinkToNothingIsNamedAsSuch) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,9 +35,9 @@ struct DatasetOptions {
   //        taken over every pixel of the TRAIN images and applied to both sets.
   bool normalize = false;
   // Bytes the loader may take (the files' bytes and their pixels as float32,
-  // 5 per pixel); more throws InvalidArgument naming the file. 0: no limit.
-  // `lockstep train` gives the memory the host has free.
-  double memory_budget_bytes = 0;
+  // 5 per pixel); more throws InvalidArgument naming the file. None: no
+  // limit. `lockstep train` gives the memory the host has free, where known.
+  std::optional<double> memory_budget_bytes;
 };
 
 struct ImageClassificationData {
