@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep: synchronous data-parallel training with N replicas in lockstep", "lockstep"};
   // The build too: what ranks of one group must share (ProcessGroupOptions::build).
   app.set_version_flag("--version", std::string("lockstep ") + lockstep::version() + " (build " +
-                                        lockstep::build_id() + ")");
+                                        lockstep::build_id() + ", commit " + lockstep::build_commit() + ")");
   app.require_subcommand(1);
   app.get_formatter()->column_width(34);
   lockstep::cli::Action train = lockstep::cli::add_train_command(app);

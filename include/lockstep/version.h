@@ -6,10 +6,13 @@ namespace lockstep {
 const char* version();  // CMake's PROJECT_VERSION, e.g. "0.1.0"
 
 // What ranks compare before they form a group (ProcessGroupOptions::build):
-// the version and the sources it was built from, e.g. "0.1.0+g33a1d31c5d91"
-// (a git commit), "0.1.0+g33a1d31c5d91.dirty.1f2e3d4c5b6a" (edited since),
-// or "0.1.0+src.1f2e3d4c5b6a" (no git). Builds of the same sources agree
-// whatever their compiler or build type.
+// the version and a hash of the library's and the command's sources, e.g.
+// "0.1.0+1f2e3d4c5b6a". Builds of the same sources agree, whatever their git
+// commit (one that changed only docs or tests), compiler or build type.
 const char* build_id();
+
+// The git commit the build came from, for people: "33a1d314c579", with
+// "-dirty" if the sources were edited since, or "unknown" (no git).
+const char* build_commit();
 
 }  // namespace lockstep

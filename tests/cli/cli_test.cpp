@@ -100,7 +100,8 @@ TEST(Cli, VersionAndReportNameTheBuild) {
   EXPECT_NE(build.find(std::string(lockstep::version()) + "+"), std::string::npos) << build;
   const CliRun v = run("--version");
   EXPECT_EQ(v.code, 0) << v.output;
-  EXPECT_EQ(v.output, std::string("lockstep ") + lockstep::version() + " (build " + build + ")\n");
+  EXPECT_EQ(v.output, std::string("lockstep ") + lockstep::version() + " (build " + build + ", commit " +
+                          lockstep::build_commit() + ")\n");
   const fs::path dir = make_data_dir("cli_version_build");
   const fs::path report = dir / "r.json";
   const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --report " +

@@ -467,7 +467,7 @@ TEST_F(GlooRendezvous, RanksOfDifferentBuildsAreRefusedAtOnceNamingBoth) {
   GlooGroup group(dir_);
   auto a = args(3), b = args(3);
   for (auto* x : {&a, &b}) x->insert(x->end(), {"--rendezvous-timeout-ms", "60000"});
-  b.insert(b.end(), {"--build", "0.0.9+gfeedfacecafe"});
+  b.insert(b.end(), {"--build", "0.0.9+feedfacecafe"});
   group.spawn(0, a);
   group.spawn(1, a);
   group.spawn(2, b);
@@ -475,7 +475,7 @@ TEST_F(GlooRendezvous, RanksOfDifferentBuildsAreRefusedAtOnceNamingBoth) {
   ASSERT_EQ(exits.size(), 3u);
   for (const auto& e : exits) {
     EXPECT_EQ(e.code, 2) << contains_msg(e);
-    EXPECT_NE(e.log.find("runs build 0.0.9+gfeedfacecafe"), std::string::npos) << contains_msg(e);
+    EXPECT_NE(e.log.find("runs build 0.0.9+feedfacecafe"), std::string::npos) << contains_msg(e);
     EXPECT_NE(e.log.find(std::string("runs build ") + lockstep::build_id()), std::string::npos) << contains_msg(e);
     EXPECT_NE(e.log.find("start every rank from the same build"), std::string::npos) << contains_msg(e);
   }
