@@ -41,6 +41,24 @@ class GlooRendezvous : public TempDirTest {
             "--rendezvous", "file:" + (dir_ / "rdv").string(),
             "--scenario",   scenario};
   }
+
+  // Rank `rank` of 2, started where the store already holds a claim of rank 1
+  // by another host's process, in the format of a build from before builds
+  // were compared (five fields). Its exit; refused at once, well before the
+  // rendezvous timeout.
+  std::vector<RankExit> spawn_beside_a_foreign_claim(int rank) const {
+    const auto rdv = dir_ / "rdv";
+    std::filesystem::create_directories(rdv);
+    {
+      comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep");
+      EXPECT_TRUE(store.set_if_absent("rank/1", "0123456789abcdef 2 otherhost 4242 another-boot:1:2"));
+    }
+    GlooGroup group(dir_);
+    auto a = args(2);
+    a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+    group.spawn(rank, a);
+    return group.wait_all(20s);
+  }
 };
 
 std::string contains_msg(const RankExit& e) {
@@ -101,17 +119,7 @@ TEST_F(GlooRendezvous, DuplicateRankIsRefusedAtOnce) {
 // A claim from another host cannot be checked for a live process: the
 // refusal says so and gives both remedies, instead of calling it a duplicate.
 TEST_F(GlooRendezvous, AClaimFromAnotherHostIsNamedAsUncheckable) {
-  const auto rdv = dir_ / "rdv";
-  std::filesystem::create_directories(rdv);
-  {
-    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep");
-    ASSERT_TRUE(store.set_if_absent("rank/1", "0123456789abcdef 2 otherhost 4242 another-boot:1:2"));
-  }
-  GlooGroup group(dir_);
-  auto a = args(2);
-  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
-  group.spawn(1, a);
-  const auto exits = group.wait_all(20s);  // refused at once, well before the rendezvous timeout
+  const auto exits = spawn_beside_a_foreign_claim(1);
   ASSERT_EQ(exits.size(), 1u);
   EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
   EXPECT_NE(exits[0].log.find("rank 1 is already claimed by pid 4242 on otherhost, which this host cannot check"),
@@ -484,17 +492,7 @@ TEST_F(GlooRendezvous, RanksOfDifferentBuildsAreRefusedAtOnceNamingBoth) {
 // A claim in the format of a build from before builds were compared (five
 // fields): refused as such, by name, not taken for this build's.
 TEST_F(GlooRendezvous, AClaimThatStatesNoBuildIsAnOlderLockstepAndRefused) {
-  const auto rdv = dir_ / "rdv";
-  std::filesystem::create_directories(rdv);
-  {
-    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep");
-    ASSERT_TRUE(store.set_if_absent("rank/1", "0123456789abcdef 2 otherhost 4242 another-boot:1:2"));
-  }
-  GlooGroup group(dir_);
-  auto a = args(2);
-  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
-  group.spawn(0, a);
-  const auto exits = group.wait_all(20s);
+  const auto exits = spawn_beside_a_foreign_claim(0);
   ASSERT_EQ(exits.size(), 1u);
   EXPECT_EQ(exits[0].code, 2) << contains_msg(exits[0]);
   EXPECT_NE(exits[0].log.find("rank 1 (pid 4242 on otherhost) runs an older lockstep, from before builds were "
