@@ -16,7 +16,7 @@ std::optional<double> available_memory_bytes() {
   if (const char* env = std::getenv("LOCKSTEP_MEMORY_AVAILABLE"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const double v = std::strtod(env, &end);
-    if (*end == '\0' && v > 0 && v < 1e18) return v;
+    if (*end == '\0' && v >= 0 && v < 1e18) return v;  // 0: as a full container
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

@@ -8,6 +8,4 @@ const char* version() { return LOCKSTEP_VERSION; }
 
 const char* build_id() { return LOCKSTEP_BUILD_ID; }
 
-const char* build_commit() { return LOCKSTEP_COMMIT; }
-
 }  // namespace lockstep

@@ -11,8 +11,5 @@ const char* version();  // CMake's PROJECT_VERSION, e.g. "0.1.0"
 // commit (one that changed only docs or tests), compiler or build type.
 const char* build_id();
 
-// The git commit the build came from, for people: "33a1d314c579", with
-// "-dirty" if the sources were edited since, or "unknown" (no git).
-const char* build_commit();
 
 }  // namespace lockstep

@@ -63,7 +63,7 @@ IdxHeaderCheck within(Budget& budget, const fs::path& path, double per_byte) {
       throw InvalidArgument(path.string() + ": its " + std::to_string(header.dims[0]) + " entries take " +
                             std::to_string(static_cast<long long>(need / 1e6)) + " MB in memory, more than the " +
                             std::to_string(static_cast<long long>(std::max(0.0, *budget) / 1e6)) +
-                            " MB left free for the data; give a smaller data set (--data DIR).");
+                            " MB left free for the data; give a smaller data set (--data DIR), or free memory for it.");
     }
     *budget -= need;
   };

@@ -97,11 +97,15 @@ TEST(Cli, HelpShowsDefaults) {
 // what --version prints and what a report records.
 TEST(Cli, VersionAndReportNameTheBuild) {
   const std::string build = lockstep::build_id();
-  EXPECT_NE(build.find(std::string(lockstep::version()) + "+"), std::string::npos) << build;
   const CliRun v = run("--version");
   EXPECT_EQ(v.code, 0) << v.output;
-  EXPECT_EQ(v.output, std::string("lockstep ") + lockstep::version() + " (build " + build + ", commit " +
-                          lockstep::build_commit() + ")\n");
+  const std::string version = lockstep::version();
+  ASSERT_EQ(build.substr(0, version.size() + 1), version + "+") << build;
+  EXPECT_TRUE(std::regex_match(build.substr(version.size() + 1), std::regex("[0-9a-f]{12}"))) << build;
+  const std::string head = "lockstep " + version + " (build " + build + ", commit ";
+  ASSERT_EQ(v.output.substr(0, head.size()), head) << v.output;
+  EXPECT_TRUE(std::regex_match(v.output.substr(head.size()), std::regex("([0-9a-f]{12}(-dirty)?|unknown)\\)\n")))
+      << v.output;
   const fs::path dir = make_data_dir("cli_version_build");
   const fs::path report = dir / "r.json";
   const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --report " +
@@ -456,6 +460,18 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   EXPECT_NE(sizes.output.find("an all-reduce of 1073741824 bytes per rank on 2 ranks here needs"), std::string::npos)
       << sizes.output;
   EXPECT_EQ(sizes.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << sizes.output;
+  // Nothing free (a container at its memory limit) is a limit, not "unknown":
+  // refused before anything loads or runs (until 2026-12-07, 0 skipped the checks).
+  ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "0", 1);
+  const CliRun full = run("train --data " + make_data_dir("cli_full", 64).string() + " --replicas 2 --steps 1");
+  const CliRun full_sizes = run("bench allreduce --replicas 2 --sizes 4K");
+  ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+  EXPECT_EQ(full.code, 2) << full.output;
+  EXPECT_NE(full.output.find("0 MB left free for the data; give a smaller data set (--data DIR), or free memory"),
+            std::string::npos)
+      << full.output;
+  EXPECT_EQ(full_sizes.code, 2) << full_sizes.output;
+  EXPECT_NE(full_sizes.output.find("this host has 0 MB free"), std::string::npos) << full_sizes.output;
   const CliRun tree = run("bench allreduce --algorithm tree --replicas 5 --sizes 4K");
   EXPECT_EQ(tree.code, 2) << tree.output;
   EXPECT_NE(tree.output.find("power-of-two number of ranks, not 5"), std::string::npos) << tree.output;

@@ -306,10 +306,14 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
                           std::to_string(world_size));
       }
       if (other.build != build) {
-        refuse(store, where + ": " +
-                          detail::build_mismatch("rank " + std::to_string(i) + " (pid " + std::to_string(other.pid) +
-                                                     " on " + other.host + ")",
-                                                 other.build, me, build));
+        const std::string msg =
+            where + ": " +
+            detail::build_mismatch("rank " + std::to_string(i) + " (pid " + std::to_string(other.pid) + " on " +
+                                       other.host + ")",
+                                   other.build, me, build);
+        // An older rank past its join polls the session's key alone (join.h).
+        if (const auto first = store.try_get("rank/0")) write_abort(store, "abort/" + parse(*first).nonce, kRefused + msg);
+        refuse(store, msg);
       }
       joined[i] = true;
       hosts[i] = other.host;

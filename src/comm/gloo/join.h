@@ -1,7 +1,7 @@
 // Private: the join protocol of a Gloo process group, on the rendezvous store.
 //
 //   1. Rank r writes "rank/<r>" = "<nonce> <world size> <host> <pid> <pid
-//      space>" unless the key exists, then reads it back: a value with another
+//      space> <build>" unless the key exists, then reads it back: a value with another
 //      nonce means another process holds rank r -> InvalidArgument, at once;
 //      unless that process was in this boot and pid namespace and has exited
 //      (a rank killed during an earlier join): then rank r takes the claim
@@ -11,12 +11,16 @@
 //      unless the claim that wrote it is gone (an earlier job's): then it is
 //      written anew, once.
 //   3. It polls until every "rank/<i>" is there (checking each one's world
-//      size as it appears; a claim of an exited process counts as missing)
-//      or the deadline passes -> TimeoutError listing the missing ranks by
-//      number. Its own claim must still be its own.
-// A rank refused in 1 or 2 (or failing in them for another reason but a
+//      size and build as it appears: another -> InvalidArgument naming both,
+//      at once; a claim of an exited process counts as missing) or the
+//      deadline passes -> TimeoutError listing the missing ranks by number.
+//      Its own claim must still be its own.
+// A rank refused in 1, 2 or 3 (or failing in them for another reason but a
 // timeout) also writes "abort", so the ranks already waiting in 3 are refused
-// at once too instead of timing out. Once every rank has joined, the group's
+// at once too instead of timing out. A build refusal also writes
+// "abort/<rank 0's nonce>": a rank of a build from before builds were
+// compared leaves the join once every claim is there, and then polls only
+// that key (Note [One build per group]). Once every rank has joined, the group's
 // session is rank 0's nonce, and any later failure writes "abort/<session>"
 // (first writer wins): a rank whose connection breaks reads it to learn why.
 //

@@ -18,6 +18,7 @@
 // - nodes(): Note [Nodes over MPI].
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -156,7 +157,12 @@ class MpiCommunicator final : public Communicator, private NativeAllreduce {
 // Each slot also carries the rank's build (Note [One build per group] in
 // src/comm/gloo/join.cpp), after the name's terminating NUL: a build from
 // before the check reads the name alone and zeroes the rest, which reads
-// here as "no build stated". Returns each rank's (name, build).
+// here as "no build stated". A build that does not fit beside the name
+// (OpenMPI's 256 bytes always hold a Linux host name, at most 64, and a
+// build of kMaxBuildIdBytes; MPICH's 128 may not) goes as kBuildTooLong, so that the
+// exchange still completes and every rank can refuse, naming the cause.
+// Returns each rank's (name, build).
+constexpr char kBuildTooLong[] = "\x01";  // never a build: check_build takes printable bytes only
 struct Peer {
   std::string name, build;
 };
@@ -173,12 +179,8 @@ std::vector<Peer> exchange_names(MpiChannel& channel, Duration timeout, const st
     int length = 0;
     detail::check_mpi(MPI_Get_processor_name(mine.data(), &length), "MPI_Get_processor_name");
     const std::size_t name_bytes = strnlen(mine.data(), mine.size());
-    if (name_bytes + 1 + build.size() >= mine.size()) {  // never with a host name (at most 64 bytes)
-      channel.abort("the build does not fit beside the processor name");
-      throw InvalidArgument("rank " + std::to_string(channel.rank()) + ": the processor name '" + mine.data() +
-                            "' leaves no room for the build " + build + " in MPI_MAX_PROCESSOR_NAME bytes");
-    }
-    std::memcpy(mine.data() + name_bytes + 1, build.data(), build.size());
+    const std::string sent = name_bytes + 1 + build.size() < mine.size() ? build : kBuildTooLong;
+    if (name_bytes + 1 + sent.size() < mine.size()) std::memcpy(mine.data() + name_bytes + 1, sent.data(), sent.size());
     detail::check_mpi(MPI_Iallgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all->data(),
                                      MPI_MAX_PROCESSOR_NAME, MPI_CHAR, channel.comm(), &request),
                       "MPI_Iallgather");
@@ -246,11 +248,19 @@ std::unique_ptr<Communicator> connect_mpi(const ProcessGroupOptions& options) {
   }
   const std::vector<Peer> peers = exchange_names(*channel, options.timeout, options.build);
   std::vector<std::string> names;
+  if (const Peer& me = peers[static_cast<std::size_t>(rank)]; me.build != options.build) {
+    refuse("rank " + std::to_string(rank) + ": the build " + options.build + " (" +
+           std::to_string(options.build.size()) + " bytes) does not fit beside this host's processor name '" + me.name +
+           "' in MPI's " + std::to_string(MPI_MAX_PROCESSOR_NAME) + " bytes; give a build of at most " +
+           std::to_string(std::max<long>(0, long(MPI_MAX_PROCESSOR_NAME) - long(me.name.size()) - 2)) +
+           " bytes (ProcessGroupOptions::build)");
+  }
   for (int r = 0; r < size; ++r) {
     const Peer& p = peers[static_cast<std::size_t>(r)];
     if (p.build != options.build) {  // every rank sees the same list: all refuse, the first differing rank named
       refuse("rank " + std::to_string(rank) + ": " +
-             detail::build_mismatch("rank " + std::to_string(r) + " (on " + p.name + ")", p.build, "this rank",
+             detail::build_mismatch("rank " + std::to_string(r) + " (on " + p.name + ")",
+                                    p.build == kBuildTooLong ? "(one too long to send)" : p.build, "this rank",
                                     options.build));
     }
     names.push_back(p.name);
