@@ -13,11 +13,12 @@ namespace lockstep::comm::detail {
 // without spaces: a field of the Gloo claim (space-separated), and a C string
 // beside the host name in MPI's exchange.
 inline void check_build(const std::string& backend, const std::string& build) {
-  bool printable = !build.empty() && build.size() <= kMaxBuildIdBytes;
+  constexpr std::size_t kMax = ProcessGroupOptions::kMaxBuildIdBytes;
+  bool printable = !build.empty() && build.size() <= kMax;
   for (const char ch : build) printable = printable && ch > ' ' && ch < 0x7f;
   if (!printable) {
     throw InvalidArgument(backend + ": the build (ProcessGroupOptions::build) must be 1 to " +
-                          std::to_string(kMaxBuildIdBytes) + " printable characters without spaces, got '" +
+                          std::to_string(kMax) + " printable characters without spaces, got '" +
                           build + "'");
   }
 }

@@ -502,10 +502,11 @@ TEST_F(GlooRendezvous, AClaimThatStatesNoBuildIsAnOlderLockstepAndRefused) {
 }
 
 // A build the claim's format cannot carry is the program's mistake, refused
-// before the store is touched.
-TEST(GlooBuild, ABuildWithSpacesOrTooLongIsRefused) {
+// before the store is touched; the longest it can carry joins.
+TEST_F(GlooRendezvous, ABuildWithSpacesOrTooLongIsRefused) {
   comm::ProcessGroupOptions o{.rank = 0, .world_size = 1, .rendezvous = "file:/nonexistent/never-used"};
-  const std::vector<std::string> bads = {"", "1.0 beta", std::string(comm::kMaxBuildIdBytes + 1, 'x')};
+  constexpr std::size_t kMax = comm::ProcessGroupOptions::kMaxBuildIdBytes;
+  const std::vector<std::string> bads = {"", "1.0 beta", "tab\there", std::string(kMax + 1, 'x')};
   for (const auto& bad : bads) {
     o.build = bad;
     try {
@@ -515,6 +516,10 @@ TEST(GlooBuild, ABuildWithSpacesOrTooLongIsRefused) {
       EXPECT_NE(std::string(e.what()).find("printable characters without spaces"), std::string::npos) << e.what();
     }
   }
+  std::filesystem::create_directories(dir_ / "rdv");
+  o.rendezvous = "file:" + (dir_ / "rdv").string();
+  o.build = std::string(kMax, 'x');
+  EXPECT_EQ(comm::connect_gloo(o)->size(), 1);
 }
 
 }  // namespace

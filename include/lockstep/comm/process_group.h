@@ -12,6 +12,7 @@
 // Algorithm::Native, for comparison; Auto never picks it.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -21,8 +22,6 @@
 namespace lockstep::comm {
 
 enum class Backend { Threads, Gloo, Mpi };
-
-inline constexpr std::size_t kMaxBuildIdBytes = 128;
 const char* to_string(Backend backend);
 Backend backend_from_string(const std::string& name);  // throws InvalidArgument naming the choices
 // Whether this build has `backend` (Gloo and MPI are optional CMake targets).
@@ -49,6 +48,7 @@ struct ProcessGroupOptions {
   // builds may call different collectives, or the same ones with other
   // meanings). A program may append its own version to lockstep's. At most
   // kMaxBuildIdBytes printable bytes, no spaces.
+  static constexpr std::size_t kMaxBuildIdBytes = 128;
   std::string build = lockstep::build_id();
   Duration timeout{std::chrono::seconds(60)};             // every blocking call
   Duration rendezvous_timeout{std::chrono::seconds(60)};  // until every rank has joined
