@@ -1,16 +1,19 @@
 // custom_loop: lockstep as a library, with your own model and your own training loop.
 //
-// N replicas (threads) train one small MLP, 16 -> 32 (ReLU) -> 4 softmax, on synthetic
-// Gaussian blobs. The model, its gradient and SGD are plain loops written here; lockstep
-// only supplies the data-parallel parts:
+// N replicas (threads, or processes) train one small MLP, 16 -> 32 (ReLU) -> 4 softmax, on
+// synthetic Gaussian blobs. The model, its gradient and SGD are plain loops written here;
+// lockstep only supplies the data-parallel parts:
 //   comm::make_thread_group     N connected communicators, one per replica
+//   comm::connect               or, with --backend gloo|mpi, this process's communicator in a
+//                               group of processes (one replica each; run_processes.sh starts them)
 //   comm::with_modelled_link    (optional) make every message pay a bandwidth and a latency
 //   comm::broadcast             replica 0's initial weights to all
 //   ddp::DistributedSampler     which samples each replica sees at each step (disjoint shards)
 //   ddp::Reducer                the gradient all-reduce, in buckets, overlapping the backward pass
 //   comm::allreduce             the global loss and the held-out accuracy
 // At the end it checks that all replicas hold bitwise identical weights, that the loss went
-// down and that held-out accuracy is above 90%; it exits 1 if not.
+// down and that held-out accuracy is above 90%; it exits 1 if not. The train_replica loop is
+// the same code in both modes: nothing in it knows whether its peers are threads or processes.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -25,6 +28,7 @@
 
 #include "lockstep/comm/collectives.h"
 #include "lockstep/comm/modelled_link.h"
+#include "lockstep/comm/process_group.h"
 #include "lockstep/comm/threads.h"
 #include "lockstep/ddp/grad_clip.h"
 #include "lockstep/ddp/reducer.h"
@@ -197,13 +201,58 @@ void train_replica(comm::Communicator& c, const Data& train, const Data& test, i
   result.accuracy = counts[0] / counts[1];
 }
 
+// The invariants data-parallel training promises, checked outside the library: every
+// replica's weights are replica 0's bits (`differing` names those that are not), the loss
+// fell, held-out accuracy is above 90%.
+bool check_invariants(const std::vector<std::string>& differing, const Result& r0, float clip_norm, int steps) {
+  std::printf("held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
+  if (clip_norm > 0) std::printf("gradient clipped to norm %g at %d of %d steps\n", clip_norm, r0.clipped_steps, steps);
+  bool ok = true;
+  auto check = [&ok](bool cond, const std::string& what) {
+    if (!cond) std::fprintf(stderr, "custom_loop: check failed: %s\n", what.c_str());
+    ok = ok && cond;
+  };
+  for (const auto& who : differing) check(false, who + "'s weights differ from replica 0's");
+  check(r0.last_loss < r0.first_loss, "the loss did not decrease");
+  check(r0.accuracy > 0.9f, "held-out accuracy is not above 90%");
+  if (ok) std::printf("ok: replicas bitwise identical, loss %.4f -> %.4f\n", r0.first_loss, r0.last_loss);
+  return ok;
+}
+
+// --backend gloo|mpi: this process is one replica of a group (rank, world size and, for Gloo,
+// the rendezvous from the flags or from RANK, WORLD_SIZE, LOCKSTEP_RENDEZVOUS). The same loop
+// runs on the group's communicator; then each rank compares its weights with rank 0's
+// (broadcast), and every rank learns whether any differed (all-reduce), so all exit alike.
+bool run_as_process(comm::Backend backend, comm::ProcessGroupOptions options, const Data& train, const Data& test,
+                    int steps, float clip_norm) {
+  const auto group = comm::connect(backend, options);
+  std::vector<float> mine(kNumParams, 0.0f);
+  Result result;
+  train_replica(*group, train, test, steps, clip_norm, mine, result);
+  std::vector<float> rank0 = mine;
+  comm::broadcast(*group, std::span<float>(rank0), /*root=*/0);
+  float differ = std::memcmp(mine.data(), rank0.data(), kNumParams * sizeof(float)) != 0 ? 1 : 0;
+  const bool this_one = differ > 0;
+  comm::allreduce(*group, std::span<float>(&differ, 1), {.op = comm::ReduceOp::Max});  // any rank's
+  std::printf("rank %d of %d: ", group->rank(), group->size());
+  std::vector<std::string> differing;
+  if (differ > 0) differing.push_back(this_one ? "this rank" : "another rank");
+  return check_invariants(differing, result, clip_norm, steps);
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"custom_loop: a hand-written MLP trained data-parallel with lockstep's comm and ddp",
                "custom_loop"};
   int replicas = 4, steps = 200;
   float clip_norm = 0;
-  std::string bandwidth, latency;
+  std::string bandwidth, latency, backend = "threads";
+  comm::ProcessGroupOptions group_options;
   app.add_option("--replicas", replicas, "Number of replicas (threads)")->check(CLI::Range(1, 64));
+  app.add_option("--backend", backend, "threads (--replicas in this process), or gloo | mpi (one per process)")
+      ->check(CLI::IsMember({"threads", "gloo", "mpi"}));
+  app.add_option("--rank", group_options.rank, "gloo: this process's rank (else RANK)");
+  app.add_option("--world-size", group_options.world_size, "gloo: the number of processes (else WORLD_SIZE)");
+  app.add_option("--rendezvous", group_options.rendezvous, "gloo: file:DIR or redis://HOST:PORT (else LOCKSTEP_RENDEZVOUS)");
   app.add_option("--steps", steps, "Training steps")->check(CLI::Range(1, 100000));
   app.add_option("--link-bandwidth", bandwidth, "Modelled link bandwidth, e.g. 10Gbit");
   app.add_option("--link-latency", latency, "Modelled link latency, e.g. 50us");
@@ -222,12 +271,16 @@ int main(int argc, char** argv) {
     if (!bandwidth.empty()) link.bytes_per_second = comm::parse_bandwidth(bandwidth);
     if (!latency.empty()) link.latency = comm::parse_latency(latency);
 
+    Data train, test;
+    make_blobs(/*seed=*/1, 4096, 1024, train, test);
+    if (backend != "threads") {
+      if (link.enabled()) throw lockstep::InvalidArgument("a modelled link is for --backend threads");
+      return run_as_process(comm::backend_from_string(backend), group_options, train, test, steps, clip_norm) ? 0 : 1;
+    }
     std::printf(
         "custom_loop: %d replicas train a 16-32-4 MLP (own model, own loop) on Gaussian blobs;\n"
         "lockstep shards the data, all-reduces gradients in buckets; link: %s\n",
         replicas, link.describe().c_str());
-    Data train, test;
-    make_blobs(/*seed=*/1, 4096, 1024, train, test);
 
     // One communicator per replica, optionally behind a modelled link, one thread each.
     auto group = comm::with_modelled_link(comm::make_thread_group({.world_size = replicas}), link);
@@ -259,22 +312,11 @@ int main(int argc, char** argv) {
     }
     if (cause) std::rethrow_exception(cause);
 
-    // The invariants data-parallel training promises, checked outside the library.
-    const Result& r0 = results[0];
-    std::printf("held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
-    if (clip_norm > 0) std::printf("gradient clipped to norm %g at %d of %d steps\n", clip_norm, r0.clipped_steps, steps);
-    bool ok = true;
-    auto check = [&ok](bool cond, const std::string& what) {
-      if (!cond) std::fprintf(stderr, "custom_loop: check failed: %s\n", what.c_str());
-      ok = ok && cond;
-    };
+    std::vector<std::string> differing;
     for (int r = 1; r < replicas; ++r)
-      check(std::memcmp(weights[r].data(), weights[0].data(), kNumParams * sizeof(float)) == 0,
-            "replica " + std::to_string(r) + "'s weights differ from replica 0's");
-    check(r0.last_loss < r0.first_loss, "the loss did not decrease");
-    check(r0.accuracy > 0.9f, "held-out accuracy is not above 90%");
-    if (ok) std::printf("ok: replicas bitwise identical, loss %.4f -> %.4f\n", r0.first_loss, r0.last_loss);
-    return ok ? 0 : 1;
+      if (std::memcmp(weights[r].data(), weights[0].data(), kNumParams * sizeof(float)) != 0)
+        differing.push_back("replica " + std::to_string(r));
+    return check_invariants(differing, results[0], clip_norm, steps) ? 0 : 1;
   } catch (const std::exception& e) {  // lockstep::Error and its kin (and bad_alloc): one line, exit 1
     std::fprintf(stderr, "custom_loop: error: %s\n", e.what());
     return 1;
