@@ -207,7 +207,7 @@ int run_launch(const LaunchFlags& f) {
   options.consequence_exit_code = kExitAbortedByPeer;
   options.plain_stdout = 0;  // rank 0 prints the results: as is, so that --json output parses
   // Every lockstep command a rank runs ends on a signal by itself: train at
-  // its next progress point with its outputs written (a SIGKILL after the
+  // its next stop vote with its outputs written (a SIGKILL after the
   // grace lost them), the others at once.
   options.children_stop_on_signal = true;
   options.stop_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.stop_timeout_s * 1000)));

@@ -257,7 +257,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       result.exits.push_back(e);
       // Killed by the signal we sent is our doing, not a failure of its own;
       // so is an exit with the shell's status for one it handled (lockstep
-      // train stops at its next progress point, writes its outputs and exits
+      // train stops at its next stop vote, writes its outputs and exits
       // 128 + the signal).
       const bool handled_ours = !e.signaled && e.after_stop &&
                                 (e.value == 128 + SIGINT || e.value == 128 + SIGTERM || e.value == 128 + SIGHUP ||

@@ -75,7 +75,7 @@ struct SupervisorOptions {
   // `launch ... --json > out.json` is JSON); -1: every line is prefixed.
   int plain_stdout = -1;
   // The children stop by themselves on SIGINT, SIGTERM, SIGHUP and SIGUSR1 (lockstep
-  // train: at its next progress point, its outputs written), which may take
+  // train: at its next stop vote, its outputs written), which may take
   // longer than the grace: after a forwarded signal they get `stop_timeout`
   // before SIGKILL, and a second signal kills them at once. Otherwise SIGKILL
   // follows after the grace.

@@ -32,8 +32,8 @@ struct sigaction previous[std::size(kSignals)] = {};
 constexpr std::int64_t kSameSignalWithinMs = 1000;
 
 constexpr char kMessage[] =
-    "\nlockstep: interrupted; stopping at the next progress point (every --log-every steps, and at each epoch's "
-    "end), with the outputs written. Interrupt again to quit at once.\n";
+    "\nlockstep: interrupted; stopping at the replicas' next stop vote (about a second away, or after the step "
+    "under way if steps take longer), with the outputs written. Interrupt again to quit at once.\n";
 
 std::int64_t now_ms() {
   timespec t{};

@@ -1,6 +1,7 @@
 // SIGINT, SIGTERM, SIGHUP and SIGUSR1 during `lockstep train` (SIGUSR1: what
 // mpirun forwards without killing the ranks after it): the first asks the trainer to
-// stop at its next progress point (TrainHooks::stop_requested), so that the
+// stop at its next stop vote (TrainHooks::stop_requested; about a second
+// away: Note [Paced stop votes]), so that the
 // run ends as at its last step, with --save, --report and the other outputs
 // written; a second ends the process at once (the signal's default action).
 //

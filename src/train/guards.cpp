@@ -111,6 +111,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
        ddp::describe_buckets({buckets.begin(), buckets.end()}, tensor_names)},
       // Each progress line and each epoch's test accuracy is a collective.
       {"--log-every", std::to_string(c.log_every)},
+      {"stop poll (TrainConfig::stop_poll_ms)", exact(c.stop_poll_ms)},
       {"test evaluation", c.evaluate ? "on" : "off"},
       {"--check-every", std::to_string(c.check_every)},
       {"--on-divergence", c.on_divergence == OnDivergence::Stop ? "stop" : "repair"},

@@ -272,6 +272,16 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   std::vector<std::int64_t> order;
   double window[2] = {0, 0};  // loss sum, samples since the last report
   std::size_t window_first_step = 0;
+  // Note [Paced stop votes]: the replicas must stop after the same step, so
+  // a stop request is a vote, an all-reduce. Voting only at progress points
+  // (every --log-every steps) left a Ctrl-C unheard for up to 50 steps: 0.4 s
+  // for the default MLP, minutes for a model of a second a step. So they
+  // also vote after the first step, and then every stop_poll_ms (1 s) worth
+  // of steps, by the mean of their last step's time, which the vote itself
+  // sums, so every replica computes the same next vote step. Two floats, once
+  // a second or once every log_every steps, whichever comes first: nothing
+  // against a step's gradients.
+  std::int64_t next_vote = c.start_step;
   auto start = Clock::now();
   double eval_seconds = 0;
   std::int64_t samples = 0;  // global samples processed by the group since `start`
@@ -532,18 +542,27 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     window[0] += loss_sum;
     window[1] += double(c.deterministic ? shard.global_count : b);  // deterministic: already the group's
     samples += shard.global_count;
-    bool stop = false;  // TrainHooks::stop_requested on any replica: agreed here, with the tallies
-    if ((step + 1) % c.log_every == 0 || epoch_end) {
+    bool stop = false;  // TrainHooks::stop_requested on any replica: agreed here (Note [Paced stop votes])
+    const bool progress_point = (step + 1) % c.log_every == 0 || epoch_end;
+    if (progress_point || step == next_vote) {
       const auto before_ctl = comm.stats().bytes_sent;
-      double votes = s.hooks.stop_requested && s.hooks.stop_requested() ? 1 : 0;
-      if (!c.deterministic) {
-        double tallies[3] = {window[0], window[1], votes};
+      // {stop votes, this step's ms}, summed: every replica reads the same pace.
+      double vote[2] = {s.hooks.stop_requested && s.hooks.stop_requested() ? 1.0 : 0.0, sample.step};
+      if (progress_point && !c.deterministic) {
+        double tallies[4] = {window[0], window[1], vote[0], vote[1]};
         allreduce_tallies(comm, tallies);
-        window[0] = tallies[0], window[1] = tallies[1], votes = tallies[2];
-      } else {  // the loss was summed in the tree already
-        allreduce_tallies(comm, std::span(&votes, 1));
+        window[0] = tallies[0], window[1] = tallies[1], vote[0] = tallies[2], vote[1] = tallies[3];
+      } else {  // no progress here, or the loss was summed in the tree already
+        allreduce_tallies(comm, vote);
       }
-      stop = votes > 0 && !last_step;
+      stop = vote[0] > 0 && !last_step;
+      const double step_ms = std::max(vote[1] / comm.size(), 1e-3);
+      const double steps_per_poll = std::min(c.stop_poll_ms / step_ms, double(c.log_every));
+      next_vote = step + std::max<std::int64_t>(1, static_cast<std::int64_t>(steps_per_poll));
+      out.traffic.control += comm.stats().bytes_sent - before_ctl;
+    }
+    if (progress_point) {
+      const auto before_ctl = comm.stats().bytes_sent;
       Progress p{epoch,
                  step + 1,
                  s.total_steps,

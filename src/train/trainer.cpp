@@ -89,6 +89,9 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
     throw InvalidArgument("--weight-decay must be a finite number, not negative");
   if (c.log_every < 1) throw InvalidArgument("log interval must be at least 1 step");
+  if (!(c.stop_poll_ms > 0) || !std::isfinite(c.stop_poll_ms)) {
+    throw InvalidArgument("stop_poll_ms must be a positive number of milliseconds, got " + std::to_string(c.stop_poll_ms));
+  }
   if (!(c.clip_grad_norm >= 0) || !std::isfinite(c.clip_grad_norm)) {
     throw InvalidArgument("--clip-grad-norm must be a positive number (the largest gradient norm to keep), or 0 for "
                           "no clipping");
@@ -501,7 +504,8 @@ std::vector<std::pair<std::string, std::string>> trajectory_fields(const TrainCo
   // The handshake's fields, less those that change no weight: how often the
   // run reports, checks and evaluates, the faults it injects, and the build
   // (a resumed run may be a rebuilt binary's).
-  static const std::set<std::string> kNoWeight = {"build version", "--log-every",  "test evaluation", "--check-every",
+  static const std::set<std::string> kNoWeight = {"build version", "--log-every", "stop poll (TrainConfig::stop_poll_ms)",
+                                                  "test evaluation", "--check-every",
                                                   "--on-divergence", "--max-skips", "--inject",
                                                   "--resume (the step it goes on from, the optimizer's updates)"};
   std::vector<std::pair<std::string, std::string>> out;

@@ -842,7 +842,7 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
     ASSERT_TRUE(run.wait_for_err("step 5/1000000")) << run.err();
     kill(run.pid(), k.sig);
     EXPECT_EQ(run.wait(), 128 + k.sig) << run.err();
-    EXPECT_NE(run.err().find("interrupted; stopping at the next progress point"), std::string::npos) << run.err();
+    EXPECT_NE(run.err().find("interrupted; stopping at the replicas' next stop vote"), std::string::npos) << run.err();
     if (k.under == Under::Launch) {
       const std::string said = std::string("interrupted by signal ") + std::to_string(k.sig) + " (SIG" +
                                (k.sig == SIGINT ? "INT" : "USR1") + ")";

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -142,6 +143,7 @@ TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
     c.log_every = 5;
     c.deterministic = deterministic;
     c.atom = 16;
+    c.stop_poll_ms = 1e9;  // votes after the first step and at progress points only (paced: the next test)
     std::vector<float> at_step_15;
     TrainHooks whole;
     whole.on_replica_step = [&](int rank, std::int64_t step, std::span<const float> p, std::span<const float>) {
@@ -153,12 +155,13 @@ TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
     std::atomic<int> polls{0};
     std::atomic<int> ranks_polled_after_stop{0};
     TrainHooks hooks;
-    // Progress points after steps 5, 10, 15, ...: 4 polls each. Only the
-    // third point's first poll says yes, as one replica's Ctrl-C would.
+    // Vote points after step 1 and the progress points after steps 5, 10,
+    // 15, ...: 4 polls each. Only the fourth point's first poll says yes, as
+    // one replica's Ctrl-C would.
     hooks.stop_requested = [&] {
       const int k = polls.fetch_add(1);
-      if (k >= 12) ranks_polled_after_stop.fetch_add(1);
-      return k == 8;
+      if (k >= 16) ranks_polled_after_stop.fetch_add(1);
+      return k == 12;
     };
     const auto r = train(c, data, hooks);
     EXPECT_TRUE(r.stopped_early);
@@ -172,6 +175,30 @@ TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
     EXPECT_EQ(r.samples_seen, 15 * 64);
     EXPECT_GE(r.divergence_checks, 1);
   }
+}
+
+// Note [Paced stop votes]: between progress points the replicas vote about
+// every stop_poll_ms, so a stop asked for in a run of slow steps is heard
+// within a poll interval, not at the next progress point (here, none before
+// the last step: until 2026-12-07 this run went on to its end).
+TEST(Stop, AStopIsHeardWithinAPollIntervalNotAtTheNextProgressPoint) {
+  const auto data = synthetic_data(2048);  // 32 steps an epoch at 4 x 16
+  auto c = small_config(4, 16);
+  c.steps = 30;
+  c.log_every = 1000;
+  c.stop_poll_ms = 200;
+  std::atomic<std::int64_t> asked_at{-1};
+  TrainHooks hooks;
+  hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float>, std::span<const float>) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // slow steps: a vote every ~4
+    if (rank == 0 && step == 5) asked_at = step;
+  };
+  hooks.stop_requested = [&] { return asked_at.load() >= 0; };
+  const auto r = train(c, data, hooks);
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_GT(r.steps, 5);
+  // Asked during step 6: heard at its vote point or the next, 200 ms (4 steps of 50 ms or more) later.
+  EXPECT_LE(r.steps, 6 + 4) << "the stop waited past a poll interval";
 }
 
 // A run that goes on from a checkpoint (TrainHooks::on_checkpoint, then
@@ -484,8 +511,13 @@ TEST(Resume, ACheckpointIsOnlyOfStateTheReplicasAgreeOn) {
   stop.check_every = 0;
   const std::int64_t per_epoch = data.train.size / 64;
   stop.log_every = per_epoch;  // the first progress point is the first epoch's end
+  stop.stop_poll_ms = 1e9;     // and the only vote after the first step's
+  std::atomic<bool> ask{false};
   TrainHooks asked;
-  asked.stop_requested = [] { return true; };
+  asked.on_replica_step = [&](int, std::int64_t step, std::span<const float>, std::span<const float>) {
+    if (step == per_epoch - 1) ask = true;
+  };
+  asked.stop_requested = [&] { return ask.load(); };
   const auto r = train(stop, data, asked);
   EXPECT_EQ(r.steps, per_epoch);
   EXPECT_EQ(r.accounting_checks, 1);

@@ -132,6 +132,10 @@ struct TrainConfig {
   int ranks_per_node = 0;  // in-process replicas per modelled node (0: one node), for the hierarchical all-reduce
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
+  // How often the replicas agree on TrainHooks::stop_requested, in wall time:
+  // after the first step, then every max(1, this / the last step's time)
+  // steps, and at every progress point (so at most every log_every steps).
+  double stop_poll_ms = 1000;
   std::optional<std::vector<float>> initial_params;   // replaces init (e.g. --init FILE)
   std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
   // Going on from a checkpoint (--resume; TrainHooks::on_checkpoint wrote
@@ -303,13 +307,15 @@ struct TrainHooks {
   // Called on every replica's thread with its own copy of the config before
   // the start-up handshake (tests: make one replica differ).
   std::function<void(int rank, TrainConfig& config)> on_replica_config;
-  // Polled on every replica's thread at each progress point (every log_every
-  // steps and each epoch end); must be thread-safe (an atomic flag, set from
-  // a signal handler). If it returns true on any replica, every replica stops
-  // after that step, as if it were the run's last: the weights are compared
-  // and the test set evaluated, and TrainResult::stopped_early is set. The
-  // vote rides on the progress tallies' all-reduce (under --deterministic, a
-  // one-float all-reduce at each progress point).
+  // Polled on every replica's thread at each vote point: after the first
+  // step, then about every config.stop_poll_ms of steps (Note [Paced stop
+  // votes]), and at each progress point (every log_every steps and each epoch
+  // end); must be thread-safe (an atomic flag, set from a signal handler). If
+  // it returns true on any replica, every replica stops after that step, as
+  // if it were the run's last: the weights are compared and the test set
+  // evaluated, and TrainResult::stopped_early is set. At a progress point the
+  // vote rides on the progress tallies' all-reduce; elsewhere (and under
+  // --deterministic) it is a two-float all-reduce.
   std::function<bool()> stop_requested;
   // Called on rank 0's thread (rank 0's process) after the step's checks,
   // every config.checkpoint_every steps, at each epoch's end, and after the
