@@ -74,6 +74,7 @@ train::TrainConfig config_of(const OverlapFlags& f, const std::string& hidden, c
   c.steps = f.steps;
   c.evaluate = false;
   c.log_every = 1 << 30;
+  c.stop_poll_ms = 1e12;  // and no stop votes between: nothing but the step is timed
   c.bucket_mb = arm.bucket_mb;
   c.first_bucket_mb = f.first_bucket_mb;
   c.link = link;

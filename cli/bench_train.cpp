@@ -146,6 +146,7 @@ int run_bench_train(const BenchFlags& f) {
       c.warmup_steps = f.warmup;
       c.evaluate = false;
       c.log_every = 1 << 30;
+      c.stop_poll_ms = 1e12;  // and no stop votes between: nothing but the step is timed
       c.peak_flops = peak;
       c.zero = row.replicas > 1 ? f.zero : 0;  // one replica has nothing to shard
       const auto r = train::train(c, data);

@@ -270,8 +270,8 @@ Action add_launch_command(CLI::App& app) {
                   "Seconds between SIGTERM and SIGKILL when the job is stopped after a rank failed")
       ->check(number_in(0.0, 3600.0));
   cmd->add_option("--stop-timeout", flags->stop_timeout_s,
-                  "Seconds the ranks get after a forwarded SIGINT/SIGTERM/SIGHUP/SIGUSR1 (train stops at its next progress "
-                  "point and writes its outputs) before SIGKILL; a second signal kills at once")
+                  "Seconds the ranks get after a forwarded SIGINT/SIGTERM/SIGHUP/SIGUSR1 (train stops at its next stop vote, "
+                  "about a second away, and writes its outputs) before SIGKILL; a second signal kills at once")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
   return [flags] { return run_launch(*flags); };

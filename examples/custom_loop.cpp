@@ -203,20 +203,36 @@ void train_replica(comm::Communicator& c, const Data& train, const Data& test, i
 
 // The invariants data-parallel training promises, checked outside the library: every
 // replica's weights are replica 0's bits (`differing` names those that are not), the loss
-// fell, held-out accuracy is above 90%.
-bool check_invariants(const std::vector<std::string>& differing, const Result& r0, float clip_norm, int steps) {
-  std::printf("held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
-  if (clip_norm > 0) std::printf("gradient clipped to norm %g at %d of %d steps\n", clip_norm, r0.clipped_steps, steps);
-  bool ok = true;
-  auto check = [&ok](bool cond, const std::string& what) {
-    if (!cond) std::fprintf(stderr, "custom_loop: check failed: %s\n", what.c_str());
-    ok = ok && cond;
+// fell, held-out accuracy is above 90%. Every line starts with `prefix` ("rank 1 of 3: " for a
+// process), and the lines go out in one write, so that processes sharing a terminal or a pipe do
+// not interleave them.
+bool check_invariants(const std::vector<std::string>& differing, const Result& r0, float clip_norm, int steps,
+                      const std::string& prefix = "") {
+  std::string out, failed;
+  char line[160];
+  std::snprintf(line, sizeof line, "held-out accuracy %.1f%%\n", 100.0 * r0.accuracy);
+  out += prefix + line;
+  if (clip_norm > 0) {
+    std::snprintf(line, sizeof line, "gradient clipped to norm %g at %d of %d steps\n", clip_norm, r0.clipped_steps,
+                  steps);
+    out += prefix + line;
+  }
+  auto check = [&](bool cond, const std::string& what) {
+    if (!cond) failed += prefix + "custom_loop: check failed: " + what + "\n";
   };
   for (const auto& who : differing) check(false, who + "'s weights differ from replica 0's");
   check(r0.last_loss < r0.first_loss, "the loss did not decrease");
   check(r0.accuracy > 0.9f, "held-out accuracy is not above 90%");
-  if (ok) std::printf("ok: replicas bitwise identical, loss %.4f -> %.4f\n", r0.first_loss, r0.last_loss);
-  return ok;
+  if (failed.empty()) {
+    std::snprintf(line, sizeof line, "ok: replicas bitwise identical, loss %.4f -> %.4f\n", r0.first_loss,
+                  r0.last_loss);
+    out += prefix + line;
+  }
+  std::fflush(stdout);  // what train_replica printed first
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  std::fwrite(failed.data(), 1, failed.size(), stderr);
+  return failed.empty();
 }
 
 // --backend gloo|mpi: this process is one replica of a group (rank, world size and, for Gloo,
@@ -234,10 +250,10 @@ bool run_as_process(comm::Backend backend, comm::ProcessGroupOptions options, co
   float differ = std::memcmp(mine.data(), rank0.data(), kNumParams * sizeof(float)) != 0 ? 1 : 0;
   const bool this_one = differ > 0;
   comm::allreduce(*group, std::span<float>(&differ, 1), {.op = comm::ReduceOp::Max});  // any rank's
-  std::printf("rank %d of %d: ", group->rank(), group->size());
   std::vector<std::string> differing;
   if (differ > 0) differing.push_back(this_one ? "this rank" : "another rank");
-  return check_invariants(differing, result, clip_norm, steps);
+  return check_invariants(differing, result, clip_norm, steps,
+                          "rank " + std::to_string(group->rank()) + " of " + std::to_string(group->size()) + ": ");
 }
 
 int main(int argc, char** argv) {
@@ -271,6 +287,15 @@ int main(int argc, char** argv) {
     if (!bandwidth.empty()) link.bytes_per_second = comm::parse_bandwidth(bandwidth);
     if (!latency.empty()) link.latency = comm::parse_latency(latency);
 
+    // A flag the chosen mode would ignore is refused, not dropped without a word.
+    for (const char* flag : {"--rank", "--world-size", "--rendezvous"}) {
+      if (app.count(flag) > 0 && backend != "gloo") {
+        throw lockstep::InvalidArgument(std::string(flag) + " is for --backend gloo (mpirun numbers its ranks)");
+      }
+    }
+    if (app.count("--replicas") > 0 && backend != "threads") {
+      throw lockstep::InvalidArgument("--replicas is for --backend threads; with processes, start one per replica");
+    }
     Data train, test;
     make_blobs(/*seed=*/1, 4096, 1024, train, test);
     if (backend != "threads") {

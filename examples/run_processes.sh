@@ -10,9 +10,17 @@
 set -u
 program=$1 n=$2
 shift 2
+case $n in
+  '' | *[!0-9]* | 0) echo "run_processes.sh: N must be a number of processes, 1 or more, not '$n'" >&2; exit 2 ;;
+esac
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 pids=""
+# Ctrl-C or a kill reaches this script; its background ranks ignore SIGINT
+# (a non-interactive shell starts them so): stop them, and keep no directory.
+trap 'rm -rf "$dir"' EXIT
+trap 'kill $pids 2>/dev/null; rm -rf "$dir"; exit 130' INT
+trap 'kill $pids 2>/dev/null; rm -rf "$dir"; exit 143' TERM
+trap 'kill $pids 2>/dev/null; rm -rf "$dir"; exit 129' HUP
 r=0
 while [ "$r" -lt "$n" ]; do
   RANK=$r WORLD_SIZE=$n LOCKSTEP_RENDEZVOUS="file:$dir" "$program" --backend gloo "$@" &
@@ -23,4 +31,5 @@ status=0
 for pid in $pids; do
   wait "$pid" || status=1
 done
+if [ "$status" -eq 0 ]; then echo "run_processes.sh: all $n ranks exited 0"; fi
 exit $status

@@ -277,11 +277,15 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // (every --log-every steps) left a Ctrl-C unheard for up to 50 steps: 0.4 s
   // for the default MLP, minutes for a model of a second a step. So they
   // also vote after the first step, and then every stop_poll_ms (1 s) worth
-  // of steps, by the mean of their last step's time, which the vote itself
-  // sums, so every replica computes the same next vote step. Two floats, once
-  // a second or once every log_every steps, whichever comes first: nothing
-  // against a step's gradients.
-  std::int64_t next_vote = c.start_step;
+  // of steps, by the mean step time since the last vote (not the last step's:
+  // an epoch's short last step would stretch the interval), which the vote
+  // itself sums, so every replica computes the same next vote step. A stop
+  // at such a vote ends the run as at a progress point (the window's loss,
+  // the test set), so the vote carries the window's tallies too. Four floats
+  // (two under --deterministic), once a second or once every log_every steps,
+  // whichever comes first: nothing against a step's gradients.
+  std::int64_t next_vote = c.start_step, last_vote = c.start_step - 1;
+  double ms_since_vote = 0;  // this replica's step times since last_vote: the pace is their mean
   auto start = Clock::now();
   double eval_seconds = 0;
   std::int64_t samples = 0;  // global samples processed by the group since `start`
@@ -544,24 +548,31 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     samples += shard.global_count;
     bool stop = false;  // TrainHooks::stop_requested on any replica: agreed here (Note [Paced stop votes])
     const bool progress_point = (step + 1) % c.log_every == 0 || epoch_end;
+    ms_since_vote += sample.step;
     if (progress_point || step == next_vote) {
       const auto before_ctl = comm.stats().bytes_sent;
-      // {stop votes, this step's ms}, summed: every replica reads the same pace.
-      double vote[2] = {s.hooks.stop_requested && s.hooks.stop_requested() ? 1.0 : 0.0, sample.step};
-      if (progress_point && !c.deterministic) {
-        double tallies[4] = {window[0], window[1], vote[0], vote[1]};
-        allreduce_tallies(comm, tallies);
-        window[0] = tallies[0], window[1] = tallies[1], vote[0] = tallies[2], vote[1] = tallies[3];
-      } else {  // no progress here, or the loss was summed in the tree already
-        allreduce_tallies(comm, vote);
-      }
-      stop = vote[0] > 0 && !last_step;
-      const double step_ms = std::max(vote[1] / comm.size(), 1e-3);
-      const double steps_per_poll = std::min(c.stop_poll_ms / step_ms, double(c.log_every));
+      // {stop votes, this replica's mean step since the last vote in whole ms,
+      // the window's loss sum and samples}, summed. Whole ms: a float sum of
+      // integers under 2^24 is exact in any order, so every replica reads the
+      // same pace whatever the all-reduce (next_vote must agree, or the
+      // replicas would call different collectives).
+      const double mean_ms = std::round(ms_since_vote / double(step - last_vote));
+      double tallies[4] = {s.hooks.stop_requested && s.hooks.stop_requested() ? 1.0 : 0.0, mean_ms, window[0],
+                           window[1]};
+      // Deterministic: the loss was summed in the tree already, the window is the group's.
+      allreduce_tallies(comm, std::span(tallies, c.deterministic ? 2 : 4));
+      stop = tallies[0] > 0 && !last_step;
+      // A stop ends the run here as at a progress point: its loss, its evaluation.
+      if ((progress_point || stop) && !c.deterministic) window[0] = tallies[2], window[1] = tallies[3];
+      const double step_ms = std::max(tallies[1] / comm.size(), 1e-3);
+      const double steps_per_poll =
+          std::min({c.stop_poll_ms / step_ms, double(c.log_every), double(s.total_steps - step)});
       next_vote = step + std::max<std::int64_t>(1, static_cast<std::int64_t>(steps_per_poll));
+      last_vote = step;
+      ms_since_vote = 0;
       out.traffic.control += comm.stats().bytes_sent - before_ctl;
     }
-    if (progress_point) {
+    if (progress_point || stop) {
       const auto before_ctl = comm.stats().bytes_sent;
       Progress p{epoch,
                  step + 1,

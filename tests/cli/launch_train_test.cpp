@@ -808,7 +808,7 @@ TEST_F(LaunchTrain, ReplicasAndRendezvousTimeoutComeFromTheLauncher) {
   EXPECT_EQ(quick.err().find("60000 ms"), std::string::npos) << quick.err();
 }
 
-// SIGINT to `lockstep train` stops it at the next progress point with its
+// SIGINT to `lockstep train` stops it at the replicas' next stop vote with its
 // outputs written and exit status 130; alone, and under launch, which
 // forwards it to every rank and calls that an interruption, not a failure.
 // SIGUSR1 does the same (exit status 138): mpirun forwards it and lets the
@@ -857,12 +857,12 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
   }
   // The same signal twice within a second (GNU timeout sends it to its child
   // and again to its process group) is one request; a second one a second
-  // or more later ends the run at once. A slow modelled link (~0.5 s a
-  // step for this model of ~160 parameters, 48 steps an epoch: 2 replicas
-  // x 1) keeps the next progress point far off.
+  // or more later ends the run at once. A very slow modelled link (~5 s a
+  // step for this model of ~160 parameters: 2 replicas x 1) keeps the first
+  // stop vote, after the first step, well past the checks below.
   const auto dir = run_dir("interrupt-twice");
   CliRun run(dir, {"train", "--data", data.string(), "--replicas", "2", "--micro-batch", "1", "--hidden", "8",
-                   "--steps", "1000000", "--log-every", "1000000", "--link-bandwidth", "10kbit", "--report",
+                   "--steps", "1000000", "--log-every", "1000000", "--link-bandwidth", "1kbit", "--report",
                    (dir / "r.json").string()});
   ASSERT_TRUE(run.wait_for_err("lockstep train:")) << run.err();  // printed just before training starts
   std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -180,15 +180,22 @@ TEST(Stop, OneReplicaAskingStopsEveryReplicaAtTheSameStep) {
 // Note [Paced stop votes]: between progress points the replicas vote about
 // every stop_poll_ms, so a stop asked for in a run of slow steps is heard
 // within a poll interval, not at the next progress point (here, none before
-// the last step: until 2026-12-07 this run went on to its end).
+// the last step: until 2026-12-07 this run went on to its end). It ends the
+// run as a progress point would: the window's loss, the test set, a
+// checkpoint of the step it stopped after.
 TEST(Stop, AStopIsHeardWithinAPollIntervalNotAtTheNextProgressPoint) {
   const auto data = synthetic_data(2048);  // 32 steps an epoch at 4 x 16
   auto c = small_config(4, 16);
   c.steps = 30;
   c.log_every = 1000;
   c.stop_poll_ms = 200;
+  c.evaluate = true;
   std::atomic<std::int64_t> asked_at{-1};
+  std::int64_t checkpointed = -1;
+  std::vector<Progress> lines;
   TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint& k) { checkpointed = k.steps_done; };
+  hooks.on_progress = [&](const Progress& p) { lines.push_back(p); };
   hooks.on_replica_step = [&](int rank, std::int64_t step, std::span<const float>, std::span<const float>) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // slow steps: a vote every ~4
     if (rank == 0 && step == 5) asked_at = step;
@@ -199,6 +206,12 @@ TEST(Stop, AStopIsHeardWithinAPollIntervalNotAtTheNextProgressPoint) {
   EXPECT_GT(r.steps, 5);
   // Asked during step 6: heard at its vote point or the next, 200 ms (4 steps of 50 ms or more) later.
   EXPECT_LE(r.steps, 6 + 4) << "the stop waited past a poll interval";
+  EXPECT_TRUE(r.test_accuracy.has_value()) << "a stop between progress points skipped the test set";
+  EXPECT_GT(r.final_loss, 0) << "a stop between progress points kept no loss";
+  EXPECT_EQ(checkpointed, r.steps);
+  ASSERT_EQ(lines.size(), 1u) << "the stop's progress line";
+  EXPECT_EQ(lines[0].step, r.steps);
+  EXPECT_EQ(lines[0].loss, r.final_loss);
 }
 
 // A run that goes on from a checkpoint (TrainHooks::on_checkpoint, then
