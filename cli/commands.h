@@ -31,4 +31,8 @@ Action add_demo_command(CLI::App& app);  // demo_ragged.cpp
 Action add_plan_command(CLI::App& app);  // plan_command.cpp
 Action add_launch_command(CLI::App& app);  // launch_command.cpp
 
+// The git commit this build came from (cmake/build_id.cmake), for --version:
+// "33a1d314c579", "-dirty" after it if the sources were edited, or "unknown".
+const char* git_commit();
+
 }  // namespace lockstep::cli

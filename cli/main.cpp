@@ -18,8 +18,6 @@
 #include "lockstep/error.h"
 #include "lockstep/version.h"
 
-#include "build_commit.h"  // generated: LOCKSTEP_COMMIT
-
 namespace {
 
 // A word where a command is expected that names none: CLI11 would only say
@@ -73,7 +71,7 @@ int main(int argc, char** argv) {
   // The build too: what ranks of one group must share (ProcessGroupOptions::build).
   // And the git commit (generated, like the build: cmake/build_id.cmake).
   app.set_version_flag("--version", std::string("lockstep ") + lockstep::version() + " (build " +
-                                        lockstep::build_id() + ", commit " + LOCKSTEP_COMMIT + ")");
+                                        lockstep::build_id() + ", commit " + lockstep::cli::git_commit() + ")");
   app.require_subcommand(1);
   app.get_formatter()->column_width(34);
   lockstep::cli::Action train = lockstep::cli::add_train_command(app);
