@@ -16,6 +16,11 @@ using Action = std::function<int()>;
 // failed (CommAborted): `lockstep launch` names the rank that failed on its own.
 inline constexpr int kExitAbortedByPeer = 3;
 
+// Exit code of a refused flag, file or setting (a usage error, InvalidArgument):
+// the same command would be refused again, so `lockstep launch --max-restarts`
+// does not restart it.
+inline constexpr int kExitRefused = 2;
+
 // "512,512" -> {512, 512}; throws InvalidArgument naming the flag (train_command.cpp).
 std::vector<std::int64_t> parse_hidden(const std::string& text);
 

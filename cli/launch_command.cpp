@@ -10,6 +10,16 @@
 // process_supervisor.h. The launcher exits 0 when every rank did; else with
 // the first failed rank's exit code (128 + signal if it was killed), and its
 // last line on stderr names that rank and how it ended.
+//
+// Note [Restarting the job]
+// With --max-restarts N, a failed job is started again, all ranks, up to N
+// times, each time with a fresh rendezvous and LOCKSTEP_RESTART_COUNT = 1,
+// 2, ... A synchronous job cannot go on without a rank (every step needs
+// every replica's gradients), so the unit of recovery is the job, as in
+// torchrun; train's --auto-resume makes the restarted job go on from its
+// last checkpoint (Note [Restarts] in train_command.cpp). Not restarted: a
+// job stopped by a signal to the launcher (the user's), and a rank that
+// exited 2, a refused flag or setting, which every restart would meet again.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -41,6 +51,7 @@ struct LaunchFlags {
   double rendezvous_timeout_s = 60;
   double grace_s = 5;
   double stop_timeout_s = 300;
+  int max_restarts = 0;
   std::vector<std::string> command;  // after "--": the subcommand and its flags
 };
 
@@ -52,7 +63,8 @@ const std::set<std::string> kOwnVariables = {"RANK",
                                              "LOCKSTEP_BACKEND",
                                              "LOCKSTEP_RENDEZVOUS",
                                              "LOCKSTEP_RENDEZVOUS_TIMEOUT",
-                                             "LOCKSTEP_PREFIXED_STREAMS"};
+                                             "LOCKSTEP_PREFIXED_STREAMS",
+                                             "LOCKSTEP_RESTART_COUNT"};
 
 std::string self_executable() {
   std::error_code ec;
@@ -133,6 +145,55 @@ std::string seconds_text(double s) {
   return buf;
 }
 
+// One run of the job: N ranks on a fresh rendezvous, supervised to the end.
+SupervisorResult run_job(const LaunchFlags& f, const std::string& exe, const std::vector<std::string>& inherited,
+                         int restart) {
+  const TempDir rendezvous;
+  std::vector<ChildSpec> children;
+  for (int r = 0; r < f.nproc; ++r) {
+    ChildSpec c;
+    c.label = "rank " + std::to_string(r);
+    c.argv.push_back(exe);
+    c.argv.insert(c.argv.end(), f.command.begin(), f.command.end());
+    c.env = inherited;
+    for (const auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"RANK", std::to_string(r)},
+             {"WORLD_SIZE", std::to_string(f.nproc)},
+             {"LOCAL_RANK", std::to_string(r)},
+             {"LOCAL_WORLD_SIZE", std::to_string(f.nproc)},
+             {"LOCKSTEP_BACKEND", f.backend},
+             {"LOCKSTEP_RENDEZVOUS", "file:" + rendezvous.path()},
+             {"LOCKSTEP_RENDEZVOUS_TIMEOUT", seconds_text(f.rendezvous_timeout_s)},
+             // The streams relayed with "[rank r] " before each line (supervise,
+             // plain_stdout below): an output written there would not parse.
+             {"LOCKSTEP_PREFIXED_STREAMS", r == 0 ? "2" : "1,2"},
+             {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)}}) {
+      c.env.push_back(std::string(name) + "=" + value);
+    }
+    children.push_back(std::move(c));
+  }
+
+  std::vector<pid_t> pids;
+  SupervisorOptions options;
+  options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.grace_s * 1000)));
+  options.consequence_exit_code = kExitAbortedByPeer;
+  options.plain_stdout = 0;  // rank 0 prints the results: as is, so that --json output parses
+  // Every lockstep command a rank runs ends on a signal by itself: train at
+  // its next stop vote with its outputs written (a SIGKILL after the
+  // grace lost them), the others at once.
+  options.children_stop_on_signal = true;
+  options.stop_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.stop_timeout_s * 1000)));
+  options.on_started = [&](int, pid_t pid) {
+    pids.push_back(pid);
+    if (static_cast<int>(pids.size()) != f.nproc) return;
+    std::string line = "lockstep launch: " + std::to_string(f.nproc) + " processes (" + f.backend +
+                       ", rendezvous file:" + rendezvous.path() + "), pids";
+    for (pid_t p : pids) line += " " + std::to_string(p);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  return supervise(children, options);
+}
+
 int run_launch(const LaunchFlags& f) {
   if (f.command.empty()) {
     throw InvalidArgument(
@@ -171,57 +232,32 @@ int run_launch(const LaunchFlags& f) {
     }
   }
   const std::string exe = self_executable();
-  const TempDir rendezvous;
-
   std::vector<std::string> inherited;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var = *e;
     if (!kOwnVariables.contains(var.substr(0, var.find('=')))) inherited.push_back(var);
   }
-  std::vector<ChildSpec> children;
-  for (int r = 0; r < f.nproc; ++r) {
-    ChildSpec c;
-    c.label = "rank " + std::to_string(r);
-    c.argv.push_back(exe);
-    c.argv.insert(c.argv.end(), f.command.begin(), f.command.end());
-    c.env = inherited;
-    for (const auto& [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
-             {"RANK", std::to_string(r)},
-             {"WORLD_SIZE", std::to_string(f.nproc)},
-             {"LOCAL_RANK", std::to_string(r)},
-             {"LOCAL_WORLD_SIZE", std::to_string(f.nproc)},
-             {"LOCKSTEP_BACKEND", f.backend},
-             {"LOCKSTEP_RENDEZVOUS", "file:" + rendezvous.path()},
-             {"LOCKSTEP_RENDEZVOUS_TIMEOUT", seconds_text(f.rendezvous_timeout_s)},
-             // The streams relayed with "[rank r] " before each line (supervise,
-             // plain_stdout below): an output written there would not parse.
-             {"LOCKSTEP_PREFIXED_STREAMS", r == 0 ? "2" : "1,2"}}) {
-      c.env.push_back(std::string(name) + "=" + value);
+  for (int restart = 0;; ++restart) {  // Note [Restarting the job]
+    const SupervisorResult result = run_job(f, exe, inherited, restart);
+    if (result.forwarded_signal != 0 && !result.first_failure) {
+      std::fprintf(stderr, "lockstep launch: interrupted by %s; stopped all %d ranks.\n",
+                   describe({.signaled = true, .value = result.forwarded_signal}).c_str(), f.nproc);
+      return 128 + result.forwarded_signal;
     }
-    children.push_back(std::move(c));
-  }
-
-  std::vector<pid_t> pids;
-  SupervisorOptions options;
-  options.grace = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.grace_s * 1000)));
-  options.consequence_exit_code = kExitAbortedByPeer;
-  options.plain_stdout = 0;  // rank 0 prints the results: as is, so that --json output parses
-  // Every lockstep command a rank runs ends on a signal by itself: train at
-  // its next stop vote with its outputs written (a SIGKILL after the
-  // grace lost them), the others at once.
-  options.children_stop_on_signal = true;
-  options.stop_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(f.stop_timeout_s * 1000)));
-  options.on_started = [&](int, pid_t pid) {
-    pids.push_back(pid);
-    if (static_cast<int>(pids.size()) != f.nproc) return;
-    std::string line = "lockstep launch: " + std::to_string(f.nproc) + " processes (" + f.backend +
-                       ", rendezvous file:" + rendezvous.path() + "), pids";
-    for (pid_t p : pids) line += " " + std::to_string(p);
-    std::fprintf(stderr, "%s\n", line.c_str());
-  };
-  const SupervisorResult result = supervise(children, options);
-
-  if (result.first_failure) {
+    if (!result.first_failure) {
+      if (!result.lost_output.empty()) {  // the ranks succeeded, but what they printed did not arrive
+        std::fprintf(stderr,
+                     "lockstep launch: the ranks' output could not be passed on to %s, so it is incomplete; "
+                     "write it where there is room.\n",
+                     result.lost_output.c_str());
+        return 1;
+      }
+      if (restart > 0) {
+        std::fprintf(stderr, "lockstep launch: the job succeeded after %d restart%s.\n", restart,
+                     restart == 1 ? "" : "s");
+      }
+      return 0;
+    }
     const ChildExit& e = *result.first_failure;
     std::string stopped;  // a frozen rank makes the others time out, and the first of them "fails first"
     for (const ChildExit& s : result.stopped) {
@@ -229,24 +265,22 @@ int run_launch(const LaunchFlags& f) {
                  describe({.signaled = true, .value = s.value});
     }
     if (!stopped.empty()) stopped += " and could not answer";
-    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s%s; the other ranks were stopped.\n",
-                 e.index, e.signaled ? "killed by " : "", describe(e).c_str(), stopped.c_str());
-    if (e.signaled) return 128 + e.value;
-    return e.value;
+    const bool refused = !e.signaled && e.value == kExitRefused;
+    const bool again = restart < f.max_restarts && !refused && result.forwarded_signal == 0;
+    std::string then = "; the other ranks were stopped";
+    if (again) {
+      then += ". Restarting the job (restart " + std::to_string(restart + 1) + " of " +
+              std::to_string(f.max_restarts) + ")";
+    } else if (refused && f.max_restarts > 0) {
+      then += ". Not restarted: exit code 2 is a refused flag or setting, which a restart would meet again";
+    } else if (restart > 0) {
+      then += ", after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s");
+    }
+    std::fprintf(stderr, "lockstep launch: rank %d failed first: %s%s%s%s.\n", e.index,
+                 e.signaled ? "killed by " : "", describe(e).c_str(), stopped.c_str(), then.c_str());
+    if (again) continue;
+    return e.signaled ? 128 + e.value : e.value;
   }
-  if (result.forwarded_signal != 0) {
-    std::fprintf(stderr, "lockstep launch: interrupted by %s; stopped all %d ranks.\n",
-                 describe({.signaled = true, .value = result.forwarded_signal}).c_str(), f.nproc);
-    return 128 + result.forwarded_signal;
-  }
-  if (!result.lost_output.empty()) {  // the ranks succeeded, but what they printed did not arrive
-    std::fprintf(stderr,
-                 "lockstep launch: the ranks' output could not be passed on to %s, so it is incomplete; "
-                 "write it where there is room.\n",
-                 result.lost_output.c_str());
-    return 1;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -273,6 +307,11 @@ Action add_launch_command(CLI::App& app) {
                   "Seconds the ranks get after a forwarded SIGINT/SIGTERM/SIGHUP/SIGUSR1 (train stops at its next stop vote, "
                   "about a second away, and writes its outputs) before SIGKILL; a second signal kills at once")
       ->check(number_in(0.0, 1e6));
+  cmd->add_option("--max-restarts", flags->max_restarts,
+                  "Start the whole job again, up to this many times, when a rank fails (not after a refused flag, "
+                  "exit code 2, nor after a signal to the launcher); with train --checkpoint FILE --auto-resume it "
+                  "goes on from the last checkpoint")
+      ->transform(whole_number_in(0, 1000));
   cmd->add_option("command", flags->command, "The lockstep command each rank runs, after --");
   return [flags] { return run_launch(*flags); };
 }

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
 
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
     print_error(unknown);
-    return 2;
+    return lockstep::cli::kExitRefused;
   }
   try {
     app.parse(argc, argv);
@@ -90,9 +90,9 @@ int main(int argc, char** argv) {
     // CLI11 says "--replicas: At Most 1 required but received 2" for a flag given twice.
     const std::string what = e.what();
     const auto colon = what.find(": At Most 1 required");
-    if (colon == std::string::npos) return exit_with(app, e) == 0 ? 0 : 2;
+    if (colon == std::string::npos) return exit_with(app, e) == 0 ? 0 : lockstep::cli::kExitRefused;
     print_error(what.substr(0, colon) + " was given more than once; give it once.");
-    return 2;
+    return lockstep::cli::kExitRefused;
   } catch (const CLI::ParseError& e) {
     const int code = exit_with(app, e);
     const bool has_separator = std::any_of(argv, argv + argc, [](const char* a) { return std::strcmp(a, "--") == 0; });
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
                  "--steps 100\n",
                  stderr);
     }
-    return code == 0 ? 0 : 2;
+    return code == 0 ? 0 : lockstep::cli::kExitRefused;
   }
   try {
     const int code = app.got_subcommand("train")    ? train()
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     return code;
   } catch (const lockstep::InvalidArgument& e) {
     print_error(e.what());
-    return 2;
+    return lockstep::cli::kExitRefused;
   } catch (const lockstep::CommAborted& e) {
     print_error(e.what());
     // Stopped by another rank's failure: exit a moment after it, so that a

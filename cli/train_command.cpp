@@ -58,6 +58,9 @@ struct TrainFlags {
   bool quiet = false;
   std::string init_file, save_file, report_file;
   std::string checkpoint_file, resume_file;
+  bool auto_resume = false;   // --auto-resume: resume_file = checkpoint_file when that exists
+  bool auto_resumed = false;  // ... and it did
+  std::int64_t restart = 0;   // LOCKSTEP_RESTART_COUNT: Note [Restarts]
   std::optional<train::LoadedCheckpoint> resume;  // read from resume_file before any rendezvous
   CLI::Option* lr_option = nullptr;
   CLI::Option* weight_decay_option = nullptr;
@@ -224,6 +227,12 @@ void check_flag_combinations(const TrainFlags& f) {
     throw InvalidArgument("--resume and --init both set the starting weights (--resume takes the checkpoint's); "
                           "give one of them.");
   }
+  if (f.auto_resume && f.checkpoint_file.empty())
+    throw InvalidArgument("--auto-resume goes on from the file --checkpoint writes; give --checkpoint FILE too.");
+  if (f.auto_resume && !f.resume_file.empty()) {
+    throw InvalidArgument("--resume names the checkpoint to go on from, and --auto-resume takes --checkpoint's when "
+                          "it is there; give one of them.");
+  }
   if (given("--seed") && !f.init_file.empty() && !c.shuffle && c.model == "mlp") {
     throw InvalidArgument("--seed draws the initial weights, the data order and dropout, and with --init, "
                           "--shuffle off and --model mlp (no dropout) it draws none of them; leave it out.");
@@ -301,6 +310,63 @@ int ranks_on_this_host(const comm::Communicator& group) {
   if (nodes.size() != static_cast<std::size_t>(group.size())) return group.size();
   const int mine = nodes[static_cast<std::size_t>(group.rank())];
   return static_cast<int>(std::count(nodes.begin(), nodes.end(), mine));
+}
+
+// Note [Restarts]
+// `lockstep launch --max-restarts N` starts a failed job again, every rank,
+// with LOCKSTEP_RESTART_COUNT = 1, 2, ... (torchrun's
+// TORCHELASTIC_RESTART_COUNT). A restart stands for recovery from a
+// transient failure (a killed process, a lost host), so faults injected with
+// --inject fire in the job's first run only: `--inject throw@25:1
+// --max-restarts 1` shows a failure recovered from, where injecting it again
+// would fail every restart alike. Every rank has the same count, so they
+// agree (--inject is a handshake field).
+//
+// --auto-resume goes on from --checkpoint's file when it is there, and starts
+// afresh when it is not: the one command a restarted job (or a scheduler's
+// requeue) runs every time. Resumed runs end as the unbroken run would, bit
+// for bit, so a job restarted from its last checkpoint ends with the weights
+// of a job that never failed; what a restart costs is the steps since that
+// checkpoint. Every rank looks for the file itself: across hosts it must be
+// on a shared filesystem (a rank that does not find it starts at step 0, and
+// the handshake refuses the mix, naming both steps).
+std::int64_t restart_count() {
+  const char* env = std::getenv("LOCKSTEP_RESTART_COUNT");
+  if (env == nullptr || *env == '\0') return 0;
+  const std::string text = env;
+  if (text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) {
+    throw InvalidArgument("LOCKSTEP_RESTART_COUNT is '" + text +
+                          "', not a whole number; it is lockstep launch's count of restarts, so unset it.");
+  }
+  return std::stoll(text);
+}
+
+void take_restart(TrainFlags& f) {
+  f.restart = restart_count();
+  if (f.restart > 0) f.config.inject.clear();  // Note [Restarts]
+  if (!f.auto_resume) return;
+  std::error_code ec;  // a file that cannot be looked at is taken as there: reading it says why
+  if (!std::filesystem::exists(f.checkpoint_file, ec) && !ec) return;
+  f.resume_file = f.checkpoint_file;
+  f.auto_resumed = true;
+  f.init_file.clear();  // the checkpoint holds the weights the run reached from it
+}
+
+// The flag that gave the checkpoint a run goes on from, for its messages.
+std::string resume_flag(const TrainFlags& f) { return f.auto_resumed ? "--auto-resume" : "--resume"; }
+
+// resume_from's refusal of the file --auto-resume found, with the remedies
+// that flag has: a run that must start afresh needs another --checkpoint
+// file (there is no --resume to leave out).
+std::string auto_resume_refusal(const std::string& file, std::string why) {
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    if (const auto at = why.find(from); at != std::string::npos) why.replace(at, from.size(), to);
+  };
+  replace("--resume: ", "");
+  replace("start afresh without --resume", "give another --checkpoint file to start afresh");
+  replace("; for its weights, use --init.",
+          ": the job is done. For its weights, use --init; to train again, give another --checkpoint file.");
+  return "--auto-resume found " + file + ", and cannot go on from it: " + why;
 }
 
 // A rank's error names the rank, and reaches the other ranks at once (abort).
@@ -387,6 +453,7 @@ int run_train(TrainFlags& f) {
     throw InvalidArgument("--per-node groups replicas for the hierarchical all-reduce, and --zero 1 reduce-scatters "
                           "and all-gathers on one flat ring; leave one of them out.");
   c.ranks_per_node = f.group.per_node;
+  take_restart(f);
   if (!in_group) check_outputs(f);
 
   // Every rank loads the data (and --init) itself, before the rendezvous:
@@ -433,7 +500,7 @@ int run_train(TrainFlags& f) {
     try {
       f.resume = train::load_checkpoint(f.resume_file, c, data);
     } catch (const IoError& e) {  // the message names the file; say which flag gave it
-      throw IoError(std::string("--resume: ") + e.what());
+      throw IoError(resume_flag(f) + ": " + e.what());
     }
   }
   if (!in_group) return train_and_report(f, data, nullptr);
@@ -579,7 +646,10 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     try {
       train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
     } catch (const IoError& e) {  // a damaged file, named; say which flag gave it, as when it was read
-      throw IoError(std::string("--resume: ") + e.what());
+      throw IoError(resume_flag(f) + ": " + e.what());
+    } catch (const InvalidArgument& e) {
+      if (!f.auto_resumed) throw;
+      throw InvalidArgument(auto_resume_refusal(f.checkpoint_file, e.what()));
     }
     f.resume.reset();
     // Over processes only rank 0's per-replica parts are read (it scatters
@@ -596,6 +666,14 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                  c.replicas, (long long)c.micro_batch,
                  group != nullptr ? (std::string(", one per process (") + f.group.backend + ")").c_str() : "",
                  data.dir.c_str(), (long long)data.train.size, (long long)data.test.size);
+    if (f.restart > 0) {
+      std::fprintf(stderr, "lockstep train: restart %lld of the job%s\n", (long long)f.restart,
+                   f.inject.empty() ? "" : " (--inject faults fire in its first run only)");
+    }
+    if (f.auto_resumed) {
+      std::fprintf(stderr, "lockstep train: --auto-resume: going on from %s after step %lld\n",
+                   f.checkpoint_file.c_str(), (long long)c.start_step);
+    }
   }
   ProgressPrinter printer(f.quiet);
   const auto warn = [rank0](const std::string& message) {
@@ -840,6 +918,9 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--resume", flags->resume_file,
                   "Go on from this checkpoint, to end as the unbroken run would; the flags that shape the weights "
                   "must be the checkpoint run's");
+  cmd->add_flag("--auto-resume", flags->auto_resume,
+                "Go on from --checkpoint's file when it is there, else start afresh: the one command for a job that "
+                "lockstep launch --max-restarts (or a scheduler) starts again");
   cmd->add_option("--report", flags->report_file, "Write the run summary here as JSON (docs/report.md)");
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")
       ->check(CLI::IsMember({"auto", "ring", "halving_doubling", "naive", "shared_memory", "native", "tree", "hierarchical"}));
@@ -859,7 +940,7 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
                   "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
-                  "shard); repeatable")
+                  "shard); repeatable; in a job's first run only, not after lockstep launch --max-restarts restarts it")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));

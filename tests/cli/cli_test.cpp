@@ -379,6 +379,8 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
       {"--init /nonexistent.st --shuffle off --seed 3", "with --init, --shuffle off and --model mlp (no dropout)"},
       {"--checkpoint-every 5", "--checkpoint-every says how often to write --checkpoint FILE"},
       {"--init /nonexistent.st --resume /nonexistent.st", "--resume and --init both set the starting weights"},
+      {"--auto-resume", "--auto-resume goes on from the file --checkpoint writes; give --checkpoint FILE too."},
+      {"--auto-resume --checkpoint c.st --resume c.st", "--resume names the checkpoint to go on from, and --auto-resume"},
       {"--rank 1", "--rank is for a group of processes"},
       {"--secret-file /nonexistent", "--secret-file is for a group of processes"},
       {"--backend mpi --rendezvous file:/nonexistent", "--rendezvous is for --backend gloo"},
@@ -1319,6 +1321,62 @@ namespace {
 
 // The guards from the command line: an injected bit flip stops the run
 // naming the rank; repair warns and finishes; a NaN step is skipped by all.
+// --auto-resume (Note [Restarts], cli/train_command.cpp): no file, a fresh
+// run; the file of a run stopped early, that run's end, bit for bit; the
+// file of an ended run or of other settings, refused with --auto-resume's
+// remedies. LOCKSTEP_RESTART_COUNT > 0 (set by lockstep launch
+// --max-restarts) leaves the injected faults out.
+TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
+  const fs::path dir = make_data_dir("cli_auto_resume");
+  const fs::path out = fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_auto_resume_out";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 8 --steps 12" +
+                             kStatedPeak + "--checkpoint-every 4 ";
+  const CliRun whole = run(common + "--quiet --save " + (out / "whole.st").string() + " --checkpoint " +
+                           (out / "whole_checkpoint.st").string());
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  const std::string checkpoint = (out / "c.st").string();
+  const std::string auto_resume = "--checkpoint " + checkpoint + " --auto-resume ";
+  // The first run fails at step 6, after the checkpoint of step 4 (its fault
+  // fires: no restart count).
+  const CliRun first = run(common + auto_resume + "--quiet --inject throw@6:1");
+  ASSERT_EQ(first.code, 1) << first.output;
+  ASSERT_TRUE(fs::exists(checkpoint));
+  // Run again as a restart: the fault is left out, and the run goes on from step 4.
+  const CliRun again = run_command("LOCKSTEP_RESTART_COUNT=1 " + std::string(LOCKSTEP_CLI) + " " + common + auto_resume +
+                           "--inject throw@6:1 --save " + (out / "again.st").string());
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("restart 1 of the job (--inject faults fire in its first run only)"), std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("--auto-resume: going on from " + checkpoint + " after step 4"), std::string::npos)
+      << again.output;
+  std::ifstream a(out / "whole.st", std::ios::binary), b(out / "again.st", std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+      << "the resumed run's weights differ from the unbroken run's";
+
+  // The checkpoint now holds the ended run; another --lr is another run.
+  const CliRun ended = run(common + auto_resume + "--quiet");
+  EXPECT_EQ(ended.code, 2) << ended.output;
+  EXPECT_NE(ended.output.find("--auto-resume found " + checkpoint + ", and cannot go on from it: the checkpoint is of "
+                              "a run that had ended (step 12 of 12): the job is done. For its weights, use --init; "
+                              "to train again, give another --checkpoint file."),
+            std::string::npos)
+      << ended.output;
+  const CliRun other = run(common + auto_resume + "--quiet --lr 0.05");
+  EXPECT_EQ(other.code, 2) << other.output;
+  EXPECT_NE(other.output.find("--auto-resume found " + checkpoint + ", and cannot go on from it: --lr differs from "
+                              "the run that wrote the checkpoint ('0.1' there, '0.05' here)"),
+            std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("give another --checkpoint file to start afresh."), std::string::npos) << other.output;
+
+  const CliRun bad = run_command("LOCKSTEP_RESTART_COUNT=x " + std::string(LOCKSTEP_CLI) + " " + common + auto_resume + "--quiet");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("LOCKSTEP_RESTART_COUNT is 'x', not a whole number"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   const fs::path dir = make_data_dir("cli_guards");
   const std::string common =

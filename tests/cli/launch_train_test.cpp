@@ -967,6 +967,59 @@ TEST_F(LaunchTrain, AnInterruptedRunResumedFromItsCheckpointEndsAsTheUnbrokenRun
   EXPECT_NE(weights.err().find("is not a lockstep checkpoint"), std::string::npos) << weights.err();
 }
 
+// launch --max-restarts with train --auto-resume (Note [Restarting the job],
+// Note [Restarts]): rank 1 fails at step 25; the launcher starts the job
+// again, which goes on from the checkpoint of step 24 and ends with the
+// unbroken job's weights, bit for bit. A refused flag (exit 2) is not
+// restarted; a failure that recurs is restarted until the restarts run out.
+TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
+  const auto data = make_data_dir("restart");
+  const auto launch = [&](const std::vector<std::string>& restarts, const std::vector<std::string>& more) {
+    std::vector<std::string> a = {"launch", "--nproc", "2"};
+    a.insert(a.end(), restarts.begin(), restarts.end());
+    a.push_back("--");
+    const auto t = train_args(data, {"--steps", "40", "--checkpoint-every", "10"});
+    a.insert(a.end(), t.begin(), t.end());
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const auto whole_dir = run_dir("restart-whole");
+  CliRun whole(whole_dir, launch({}, {"--checkpoint", "c.st", "--save", "w.st"}));
+  ASSERT_EQ(whole.wait(), 0) << whole.err();
+  const std::string want = read_file(whole_dir / "w.st");
+  ASSERT_FALSE(want.empty());
+
+  const auto dir = run_dir("restart");
+  CliRun r(dir, launch({"--max-restarts", "2"}, {"--checkpoint", "c.st", "--auto-resume", "--inject", "throw@25:1",
+                                                 "--save", "w.st", "--report", "r.json"}));
+  ASSERT_EQ(r.wait(), 0) << r.err();
+  const std::string err = r.err();
+  EXPECT_NE(err.find("[rank 1] lockstep: error: rank 1: injected failure at step 25"), std::string::npos) << err;
+  EXPECT_NE(err.find("lockstep launch: rank 1 failed first: exit code 1; the other ranks were stopped. Restarting "
+                     "the job (restart 1 of 2).\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(r.last_err_line(), "lockstep launch: the job succeeded after 1 restart.") << err;
+  EXPECT_EQ(read_file(dir / "w.st"), want) << "the restarted job's weights differ from the unbroken job's";
+  // The last checkpoint before step 25: every 10 steps and at each epoch's end (12 steps of 2 x 4 here).
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "r.json"))["resumed_from_step"], 24);
+
+  // Refused flags would be refused again: one run, not restarted.
+  CliRun refused(run_dir("restart-refused"), launch({"--max-restarts", "2"}, {"--auto-resume"}));
+  EXPECT_EQ(refused.wait(), 2) << refused.err();
+  EXPECT_NE(refused.last_err_line().find("Not restarted: exit code 2 is a refused flag or setting"), std::string::npos)
+      << refused.err();
+  EXPECT_EQ(refused.err().find("Restarting"), std::string::npos) << refused.err();
+
+  // A failure that comes back every time: restarted until the restarts run out.
+  const auto missing = (run_dir("restart-missing") / "no-such-file.st").string();
+  CliRun recurs(run_dir("restart-recurs"), launch({"--max-restarts", "1"}, {"--checkpoint", "c.st", "--init", missing}));
+  EXPECT_EQ(recurs.wait(), 1) << recurs.err();
+  EXPECT_NE(recurs.err().find("(restart 1 of 1)"), std::string::npos) << recurs.err();
+  EXPECT_NE(recurs.last_err_line().find("the other ranks were stopped, after 1 restart."), std::string::npos)
+      << recurs.err();
+}
+
 // Only commands that join the group are one job; anything else would run N
 // independent copies. Refused before any process starts.
 TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
