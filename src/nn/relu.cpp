@@ -1,4 +1,7 @@
 // ReLU: y = max(x, 0); dx = dy where y > 0, else 0. No parameters.
+// NaN goes through both ways, as in PyTorch (clamp_min(x, 0), then
+// threshold_backward(dy, y, 0): dy unless y <= 0): a NaN activation reaches
+// the loss, where the guards see it, instead of becoming a silent 0.
 #include <string>
 
 #include "lockstep/error.h"
@@ -17,13 +20,13 @@ class Relu final : public Layer {
   void forward(const float* x, float* y, std::int64_t batch, const ForwardContext&) override {
     // x: (B, D) -> y: (B, D)
     const std::int64_t n = batch * features_;
-    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
   }
   void backward(const float* /*x*/, const float* y, const float* dy, float* dx, std::int64_t batch,
                 bool /*accumulate*/) override {
     if (dx == nullptr) return;
     const std::int64_t n = batch * features_;
-    for (std::int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (std::int64_t i = 0; i < n; ++i) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
   }
 
  private:

@@ -2,6 +2,7 @@
 // loss's closed forms. Central differences, losses accumulated in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -136,6 +137,23 @@ TEST(Relu, FiniteDifferenceInputGradient) {
   }
   ASSERT_GT(positives, 2);
   ASSERT_LT(positives, B * D - 2);  // both branches exercised
+}
+
+// PyTorch's relu propagates NaN (pytorch/pytorch#7999, fixed in 0.4.1) and its
+// backward, threshold_backward(dy, y, 0), passes dy wherever y is not <= 0, so a
+// NaN activation reaches the loss instead of turning silently into a dead 0.
+TEST(Relu, PropagatesNaNAsPyTorch) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  auto relu = make_relu(7);
+  const std::vector<float> x = {kNaN, -1.0f, 0.0f, -0.0f, 2.0f, kInf, -kInf};
+  const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> y(x.size()), dx(x.size(), kNaN);
+  relu->forward(x.data(), y.data(), 1);
+  EXPECT_TRUE(std::isnan(y[0])) << "relu(NaN) is NaN, got " << y[0];
+  for (std::size_t i = 1; i < x.size(); ++i) EXPECT_EQ(y[i], std::max(x[i], 0.0f)) << i;
+  relu->backward(x.data(), y.data(), dy.data(), dx.data(), 1, false);
+  EXPECT_EQ(dx, (std::vector<float>{1, 0, 0, 0, 5, 6, 0}));
 }
 
 TEST(SoftmaxCrossEntropy, FiniteDifferenceOfMeanLoss) {

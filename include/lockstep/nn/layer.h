@@ -89,7 +89,7 @@ class Layer {
 // Init as PyTorch: W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
 std::unique_ptr<Layer> make_linear(std::int64_t in_features, std::int64_t out_features);
 
-// y = max(x, 0).
+// y = max(x, 0); NaN stays NaN and passes its gradient, as in PyTorch.
 std::unique_ptr<Layer> make_relu(std::int64_t features);
 
 // PyTorch's nn.Conv2d on images of `shape` (see conv2d.h): weight
