@@ -31,11 +31,15 @@ class AdamW final : public Optimizer {
     const float bc1 = static_cast<float>(1.0 - std::pow(double(b1), t));
     const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(b2), t)));
     const float step_size = lr / bc1;
+    // m = lerp(m, g, 1 - b1) as torch's lerp_ computes it: from the nearer
+    // end, so that b1 = 0 gives m = g exactly (m + (g - m) would not).
+    const float weight = 1.0f - b1, rest = 1.0f - weight;
+    const bool from_m = weight < 0.5f;
     for (std::size_t i = 0; i < n; ++i) {
       const float gi = g[i];
       if (zero != nullptr) zero[i] = 0.0f;
       w[i] *= decay;
-      m[i] += (gi - m[i]) * (1.0f - b1);
+      m[i] = from_m ? m[i] + weight * (gi - m[i]) : gi - (gi - m[i]) * rest;
       v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
       const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
       w[i] -= step_size * m[i] / denom;

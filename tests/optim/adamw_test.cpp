@@ -122,6 +122,20 @@ TEST(AdamW, DecayIsDecoupledFromTheGradient) {
   for (std::size_t i = 0; i < P; ++i) expect_rel(w[i], kInit[i] * 0.95 * 0.9, "w", i);
 }
 
+// torch's exp_avg.lerp_(g, 1 - b1) computes m + w (g - m) for w < 0.5 but
+// g - (g - m)(1 - w) from 0.5 on, so that w = 1 (b1 = 0) gives m = g exactly.
+// m + (g - m) loses a small g after a large m: 1 + (1e-8 - 1) is 0 in float.
+TEST(AdamW, Beta1ZeroKeepsTheGradientExactlyAsTorchLerp) {
+  const std::vector<std::vector<float>> grads = {
+      {1.0f, -3.0f, 1e-8f}, {1e-8f, 2e-7f, 5.0f}, {-4e-9f, 1.0f, 0.0f}};
+  auto opt = make_adamw(3, {.beta1 = 0.0f, .weight_decay = 0.0f});
+  std::vector<float> w = {0.5f, -0.5f, 1.0f};
+  for (const auto& g : grads) {
+    opt->step(w, g, 0.01f);
+    for (std::size_t i = 0; i < g.size(); ++i) EXPECT_EQ(opt->state()[i], g[i]) << "exp_avg[" << i << "]";
+  }
+}
+
 TEST(AdamW, InvalidOptionsThrow) {
   EXPECT_THROW(make_adamw(P, {.beta1 = 1.0f}), InvalidArgument);
   EXPECT_THROW(make_adamw(P, {.beta1 = -0.1f}), InvalidArgument);
