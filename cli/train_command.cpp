@@ -857,7 +857,7 @@ Action add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"weighted", "drop", "pad"}));
   cmd->add_option("--bn-stats", flags->bn_stats,
                   "Batch norm running statistics: local (each replica its own, never averaged) or sync "
-                  "(the replicas' updates averaged every step, so all hold the same)")
+                  "(the replicas' updates averaged every step, each weighted by its samples, so all hold the same)")
       ->check(CLI::IsMember({"local", "sync"}));
   cmd->add_flag("--deterministic", c.deterministic,
                 "Bit-exact for any power-of-two replica count: per-atom gradients summed in one tree over atom "

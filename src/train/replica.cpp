@@ -447,13 +447,18 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                      (sharded ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(k), bt.start,
                      bt.end, bt.bytes_sent);
       }
-      if (sync_buffers) {  // --bn-stats sync: every replica applies the mean of the replicas' updates
+      if (sync_buffers) {  // --bn-stats sync: Note [Synchronised buffers]
         for (std::size_t j = 0; j < buffers.size(); ++j) buffer_update[j] = buffers[j] - buffers_at_step[j];
+        const bool equal_shards = shard.global_count % n == 0;  // the sampler's shards are as even as possible
+        if (!equal_shards)
+          for (auto& u : buffer_update) u *= static_cast<float>(b);
         const auto sent = comm.stats().bytes_sent;
         const auto t_buffers = Clock::now();
-        comm::allreduce(comm, buffer_update, {.op = comm::ReduceOp::Mean});
+        comm::allreduce(comm, buffer_update, {.op = equal_shards ? comm::ReduceOp::Mean : comm::ReduceOp::Sum});
         const auto t_buffers_end = Clock::now();
         out.traffic.buffers += comm.stats().bytes_sent - sent;
+        if (!equal_shards)
+          for (auto& u : buffer_update) u /= static_cast<float>(shard.global_count);
         for (std::size_t j = 0; j < buffers.size(); ++j) buffers[j] = buffers_at_step[j] + buffer_update[j];
         // Exposed too, after the gradients': on this thread, after backward.
         sample.comm += ms_between(t_buffers, t_buffers_end);
@@ -733,6 +738,18 @@ StepTimes median_times(std::span<const StepSample> samples) {
   t.comm_joined_ms = median([](const StepSample& s) { return s.comm - s.comm_wait; }, attributed);
   return t;
 }
+
+// Note [Synchronised buffers]: with --bn-stats sync every replica applies
+// the replicas' updates of the buffers (batch norm's running statistics),
+// each weighted by its samples: sum(update_r x b_r) / B, as SyncBatchNorm
+// updates them once from the whole batch. The running mean's update is then
+// momentum x (the whole batch's mean - running mean) exactly, and
+// num_batches_tracked grows by 1 a step. In an epoch's ragged last step a
+// replica may have fewer samples, or none (fewer samples than replicas): a
+// plain mean of the updates counted it as a whole batch (13 samples on 8
+// replicas x 1, two epochs: num_batches_tracked 3.25 after 4 steps). With
+// equal shards, the weighted mean is the plain mean, which is taken as before
+// (ReduceOp::Mean: the same bits).
 
 // Note [Waiting for the last replica]: an all-reduce cannot finish on any
 // replica before every replica has started it, so the time from a replica's

@@ -216,7 +216,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     if (c.deterministic) {
       s += "): each atom's update summed in the atom tree and applied once; identical on every replica\n";
     } else if (c.bn_stats == BnStats::Sync) {
-      s += "): --bn-stats sync, the replicas' updates averaged every step; identical on every replica\n";
+      s += "): --bn-stats sync, the replicas' updates averaged every step, each weighted by its samples; identical on every replica\n";
     } else {
       s += "): --bn-stats local, each replica updates its own from its own micro-batches; never averaged";
       if (total_sent(r).checkpoint > 0) s += " (gathered to rank 0 for --checkpoint)";

@@ -99,6 +99,31 @@ TEST(Equivalence, RaggedLastBatchIsWeightedBySampleCount) {
   EXPECT_NO_THROW(train(seven, data));
 }
 
+// --bn-stats sync weights each replica's update of the running statistics
+// by its samples (Note [Synchronised buffers]): 13 samples on 8 replicas x 1
+// make an epoch of a full step and a ragged one of 5 samples, where 3
+// replicas have none. Every step counts once, as one replica's batch norm
+// counts it. (The running statistics themselves are not one replica's: each
+// replica normalises its forward by its own batch.)
+TEST(Equivalence, SyncedBatchNormStatisticsCountEveryStepOnceInRaggedSteps) {
+  const auto data = synthetic_data(13, 28 * 28, 3, 8);
+  auto c = small_config(8, 1);
+  c.model = "cnn";
+  c.bn_stats = BnStats::Sync;
+  c.steps = 0;
+  c.epochs = 2;
+  c.ragged = Ragged::Weighted;
+  const auto r = train(c, data);
+  ASSERT_EQ(r.steps, 4);
+  int seen = 0;
+  for (const auto& t : r.buffer_layout.tensors()) {
+    if (!t.name.ends_with("num_batches_tracked")) continue;
+    EXPECT_EQ(r.buffers[t.offset], 4.0f) << t.name;  // a plain mean of the updates gave 3.25
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2);  // the CNN's two batch norms
+}
+
 // The invariant: after every step, every replica holds bitwise-identical
 // weights and optimizer state.
 TEST(Lockstep, ReplicasAreBitwiseIdenticalAfterEveryStep) {

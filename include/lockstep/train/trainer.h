@@ -51,7 +51,7 @@ Ragged ragged_from_string(std::string_view name);  // throws InvalidArgument nam
 // How batch norm's running statistics (the model's buffers) are kept.
 enum class BnStats {
   Local,  // each replica updates its own from its own micro-batches; never averaged; they differ
-  Sync,   // each step, the replicas' updates are averaged (one small all-reduce), so all hold the same
+  Sync,   // each step, the replicas' updates are averaged, weighted by their samples (one small all-reduce), so all hold the same
 };
 BnStats bn_stats_from_string(std::string_view name);  // throws InvalidArgument
 
