@@ -126,12 +126,20 @@ void Hub::barrier(int rank, Duration timeout, const Fingerprint& fp, bool interr
 
 void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, bool verify, Duration timeout) {
   auto& board = hub.fingerprints[fp.sequence % 2];
+  auto& asked = hub.verify_asked[fp.sequence % 2];
   board[rank] = fp;
+  asked[rank] = verify ? 1 : 0;
   hub.barrier(rank, timeout, fp);
-  // Without verify only the element counts are compared: each rank reads and
-  // writes every other rank's buffer, so a shorter one would be overrun.
+  // Note [One verdict on every rank]: the shared-memory path's second barrier
+  // waits for every rank, so either every rank throws here or none does.
+  // Hence the whole fingerprint is compared when any rank asked for it (a
+  // rank with verify false that went on past a mismatch the others threw on
+  // wrote into their buffers and then waited for them for good). Without
+  // verify anywhere only the element counts are compared: each rank reads
+  // and writes every other rank's buffer, so a shorter one would be overrun.
+  const bool full = std::find(asked.begin(), asked.end(), 1) != asked.end();
   for (int j = 0; j < hub.size(); ++j) {
-    if (verify ? board[j] == fp : board[j].count == fp.count) continue;
+    if (full ? board[j] == fp : board[j].count == fp.count) continue;
     const std::string msg = "collective mismatch: rank " + std::to_string(rank) + " called " + describe(fp) +
                             " but rank " + std::to_string(j) + " called " + describe(board[j]);
     {

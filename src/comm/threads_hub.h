@@ -37,7 +37,8 @@ struct Hub {
         slots(n),
         staging{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n)},
         tree_scratch(n),
-        fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)} {}
+        fingerprints{std::vector<Fingerprint>(n), std::vector<Fingerprint>(n)},
+        verify_asked{std::vector<char>(n), std::vector<char>(n)} {}
   int size() const { return static_cast<int>(cv.size()); }
   std::mutex mu;
   std::vector<std::condition_variable> cv;  // cv[r]: rank r waits on it
@@ -72,6 +73,9 @@ struct Hub {
   // every rank has passed a barrier of call s+1, so by then nobody still
   // reads the board of call s.
   std::vector<Fingerprint> fingerprints[2];
+  // Beside them, whether each rank asked for the whole fingerprint to be
+  // compared (AllreduceOptions::verify); char, not bool: each rank writes its own.
+  std::vector<char> verify_asked[2];
 
   void abort_locked(const std::string& reason) {
     if (aborted) return;
@@ -97,7 +101,7 @@ struct Hub {
 
 // Publishes `fp`, waits for every rank, and compares all fingerprints;
 // throws CommAborted naming both sides on a mismatch (threads_barrier.cpp).
-// With verify false it only publishes and waits.
+// With verify false on every rank only the element counts are compared.
 void publish_and_check(Hub& hub, int rank, const Fingerprint& fp, bool verify, Duration timeout);
 
 // The shared-memory all-reduce (shared_memory_allreduce.cpp); buffers up to

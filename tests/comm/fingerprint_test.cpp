@@ -1,6 +1,10 @@
 // Mismatched collective calls fail fast, on every rank, naming both sides.
 #include <gtest/gtest.h>
 
+#include <future>
+#include <memory>
+#include <thread>
+
 #include "lockstep/comm/collectives.h"
 #include "lockstep/error.h"
 #include "p2p_only.h"
@@ -132,6 +136,48 @@ TEST(Fingerprint, DescribeNamesEveryField) {
   Fingerprint batch = one;
   batch.global_batch = 256;
   EXPECT_EQ(describe(batch), "allreduce(max, float32, 1 element, seq 4, global batch of 256 samples)");
+}
+
+// A rank that skips the check (verify = false) and one that makes it: the
+// shared-memory path compares fingerprints after its first barrier, and the
+// rank that found the mismatch left while the other went on, wrote into its
+// buffer and waited in the second barrier, which waits for every rank and
+// has no timeout: it hung for good. Every rank now checks when any asked.
+// The ranks run on a thread of their own, so that a hang fails the test
+// instead of stalling it (run_ranks' guard cannot wake that barrier).
+TEST(Fingerprint, ARankThatSkipsTheCheckStopsWhenAnotherFindsAMismatch) {
+  enum class Call { Allreduce, ReduceScatter, AllGather };
+  for (const Call call : {Call::Allreduce, Call::ReduceScatter, Call::AllGather}) {
+    SCOPED_TRACE(static_cast<int>(call));
+    auto errors = std::make_shared<std::vector<std::exception_ptr>>();
+    auto finished = std::async(std::launch::async, [errors, call] {
+      *errors = run_ranks(2, [call](Communicator& c) {
+        std::vector<float> data(8192, 1.0f);  // 32 KiB: two barriers, not the staged path
+        const bool verify = c.rank() == 0;
+        // Another global batch on rank 1: what only the full fingerprint holds.
+        const AllreduceOptions options{.op = ReduceOp::Mean,
+                                       .algorithm = Algorithm::SharedMemory,
+                                       .verify = verify,
+                                       .global_batch = c.rank() == 0 ? 64u : 65u};
+        if (call == Call::Allreduce) allreduce(c, data, options);
+        if (call == Call::ReduceScatter) reduce_scatter_in_place(c, data, options);
+        if (call == Call::AllGather) all_gather_in_place(c, data, options);
+      });
+    });
+    if (finished.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "a rank hung after the mismatch";
+      std::thread([f = std::move(finished)]() mutable { f.wait(); }).detach();  // leave it; the test failed
+      return;
+    }
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE((*errors)[r]) << "rank " << r << " finished normally";
+      try {
+        std::rethrow_exception((*errors)[r]);
+      } catch (const CommAborted& e) {
+        EXPECT_NE(std::string(e.what()).find("collective mismatch"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 // An op outside the enum (only a cast makes one) reduced nothing and

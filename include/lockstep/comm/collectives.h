@@ -33,7 +33,9 @@ struct AllreduceOptions {
   // Check the call's fingerprint against every rank's (docs/algorithms.md
   // gives its cost). false exists to measure that cost: mismatched calls then
   // go undetected until a timeout or give wrong results (the shared-memory
-  // path still compares element counts, since it reads other ranks' buffers).
+  // path still compares element counts, since it reads other ranks' buffers,
+  // and whole fingerprints where any rank verifies, so that all ranks fail
+  // together).
   bool verify = true;
   // The ring sends each chunk in segments of at most this many bytes, so that
   // one is on the wire while the one before it is reduced; 0 is the default,
