@@ -55,20 +55,23 @@ class ThreadWork final : public Work {
   }
 
   void wait(Duration timeout) override {
-    if (!op_) return;
+    if (!op_ && !failed_) return;
     std::unique_lock lock(hub_->mu);
+    if (failed_) throw aborted_locked();  // withdrawn by an earlier wait, which aborted the group
     const auto deadline = deadline_after(timeout);
     auto& cv = hub_->cv[owner_];
     while (op_->state != OpState::kDone) {
       if (hub_->aborted && op_->state == OpState::kParked) {
         unpark_locked();
-        throw CommAborted("rank " + std::to_string(owner_) + ": communicator aborted: " + hub_->abort_reason);
+        failed_ = true;
+        throw aborted_locked();
       }
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout && op_->state == OpState::kParked) {
         const std::string msg = describe(*op_, owner_) + " timed out after " +
                                 std::to_string(timeout.count()) + " ms (" +
                                 detail::describe_tag(op_->tag) + ")";
         unpark_locked();
+        failed_ = true;
         hub_->abort_locked(msg);
         throw TimeoutError(msg);
       }
@@ -76,13 +79,18 @@ class ThreadWork final : public Work {
     op_.reset();
   }
 
+  // A transfer whose wait failed never completed.
   bool done() const override {
-    if (!op_) return true;
+    if (!op_) return !failed_;
     std::lock_guard lock(hub_->mu);
     return op_->state == OpState::kDone;
   }
 
  private:
+  CommAborted aborted_locked() const {
+    return CommAborted("rank " + std::to_string(owner_) + ": communicator aborted: " + hub_->abort_reason);
+  }
+
   // Removes our parked op so nobody copies into/out of a dead buffer.
   void unpark_locked() {
     auto& queue = op_->is_send ? hub_->parked_sends[op_->dst] : hub_->parked_recvs[op_->dst];
@@ -91,8 +99,9 @@ class ThreadWork final : public Work {
   }
 
   std::shared_ptr<Hub> hub_;
-  std::shared_ptr<Op> op_;  // null once complete
+  std::shared_ptr<Op> op_;  // null once complete or withdrawn
   int owner_;
+  bool failed_ = false;  // wait() withdrew the op and threw: the transfer never completed
 };
 
 class ThreadCommunicator final : public Communicator, private NativeAllreduce {

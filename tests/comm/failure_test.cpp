@@ -258,6 +258,30 @@ TEST(ThreadGroup, ACommunicatorDestroyedByAnExceptionAbortsTheGroup) {
   }
 }
 
+// A transfer that failed (its wait timed out, or the group was aborted)
+// never completed: a second wait() returned as if it had, with nothing in the
+// buffer, and done() said true. Both now say it failed, as later calls do.
+TEST(ThreadGroup, AFailedTransferStaysFailed) {
+  for (const bool timed_out : {true, false}) {
+    SCOPED_TRACE(timed_out ? "timed out" : "aborted");
+    auto comms = make_thread_group({.world_size = 2, .timeout = std::chrono::seconds(30)});
+    std::vector<std::byte> buf(4, std::byte{0});
+    auto received = comms[0]->irecv(1, 7, buf);
+    auto sent = comms[1]->isend(0, 8, buf);  // another tag: never matched
+    if (timed_out) {
+      EXPECT_THROW(received->wait(std::chrono::milliseconds(10)), TimeoutError);
+    } else {
+      comms[1]->abort("rank 1 failed");
+      EXPECT_THROW(received->wait(std::chrono::seconds(30)), CommAborted);
+    }
+    EXPECT_THROW(sent->wait(std::chrono::seconds(30)), CommAborted);
+    for (auto* work : {received.get(), sent.get()}) {
+      EXPECT_FALSE(work->done());
+      EXPECT_THROW(work->wait(std::chrono::seconds(30)), CommAborted);
+    }
+  }
+}
+
 // One communicator, two threads: a collective started while another runs on
 // the same communicator is refused by name (it drew the next sequence number
 // in a data race and failed, if at all, as a garbled fingerprint mismatch).
