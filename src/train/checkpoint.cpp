@@ -115,6 +115,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& cp,
                         {"steps_done", std::to_string(cp.steps_done)},
                         {"steps_planned", std::to_string(cp.steps_planned)},
                         {"optimizer_steps", std::to_string(cp.optimizer_steps)},
+                        {"skips_in_a_row", std::to_string(cp.skips_in_a_row)},
                         {"model", model},
                         {"trajectory", trajectory.dump()}});
 }
@@ -136,6 +137,9 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   out.steps_done = metadata_count(path, file.metadata, "steps_done");
   out.steps_planned = metadata_count(path, file.metadata, "steps_planned");
   out.optimizer_steps = metadata_count(path, file.metadata, "optimizer_steps");
+  // Recorded since 2026-12: an older file's run resumes counting from 0, as it did.
+  if (file.metadata.contains("skips_in_a_row"))
+    out.skips_in_a_row = metadata_count(path, file.metadata, "skips_in_a_row");
   try {
     const auto t = nlohmann::json::parse(file.metadata.at("trajectory"));
     for (const auto& [name, value] : t.items()) out.fields.emplace_back(name, value.get<std::string>());
@@ -324,6 +328,7 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
   if (!cp.buffers.empty()) config.initial_buffers = std::move(cp.buffers);  // a model without buffers: none
   config.initial_optimizer_state = std::move(cp.optimizer_state);
   config.initial_optimizer_steps = cp.optimizer_steps;
+  config.initial_skips_in_a_row = cp.skips_in_a_row;
   // train() checks that there is one part for each replica.
   config.initial_replica_buffers = cp.replica_buffers.empty()
                                        ? nullptr

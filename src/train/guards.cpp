@@ -118,7 +118,8 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
       {"--max-skips", std::to_string(c.max_skips)},
       {"--inject", faults},
       {"--resume (the step it goes on from, the optimizer's updates)",
-       std::to_string(c.start_step) + ", " + std::to_string(c.initial_optimizer_steps)},
+       std::to_string(c.start_step) + ", " + std::to_string(c.initial_optimizer_steps) + ", " +
+           std::to_string(c.initial_skips_in_a_row) + " skipped in a row"},
   };
 }
 
@@ -200,7 +201,8 @@ Guards::Guards(const TrainConfig& c, const TrainHooks& hooks, comm::Communicator
       buffer_layout_(model.buffer_layout()),
       buffers_replicated_(c.bn_stats == BnStats::Sync || c.deterministic),
       state_replicated_(c.zero == 0 || comm.size() == 1),
-      fingerprint_(model.layout(), optimizer, model.buffer_layout(), state_replicated_) {}
+      fingerprint_(model.layout(), optimizer, model.buffer_layout(), state_replicated_),
+      consecutive_skips_(c.initial_skips_in_a_row) {}
 
 void Guards::warn(const std::string& message) const {
   if (hooks_.on_warning) hooks_.on_warning(message);
@@ -248,6 +250,14 @@ void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params, std::spa
 // all-reduce (replica.cpp scans each tensor before handing it to the
 // reducer), so the origin is the replica whose own samples produced it, not
 // every replica that received it through the mean.
+//
+// Note [Skips across a resume]: --max-skips counts the steps skipped in a
+// row, and a run of them can span a checkpoint. A checkpoint keeps the count
+// (Checkpoint::skips_in_a_row) and a resumed run counts on from it; started
+// again at 0, a run resumed after the first of two skips (--max-skips 2)
+// trained on where the unbroken run had stopped at the second, and a job that
+// lockstep launch --max-restarts restarted after such a stop could go on
+// past the limit.
 bool Guards::skip_step(std::int64_t step, bool reduced_nonfinite, bool local_nonfinite, std::span<float> grads,
                        ReplicaOutput& out) {
   if (!reduced_nonfinite) {

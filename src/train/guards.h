@@ -100,6 +100,9 @@ class Guards {
   // consecutive skips.
   bool skip_step(std::int64_t step, bool reduced_nonfinite, bool local_nonfinite, std::span<float> grads,
                  ReplicaOutput& out);
+  // The last steps skipped in a row (a checkpoint keeps it: Note [Skips
+  // across a resume]).
+  std::int64_t skips_in_a_row() const { return consecutive_skips_; }
 
   // Exactly-once data accounting (ddp/data_accounting.h). The rank whose
   // shard this replica reads (its own, unless --inject same-seed); each
@@ -130,7 +133,7 @@ class Guards {
   bool buffers_replicated_;  // --bn-stats sync or --deterministic: buffers must agree too
   bool state_replicated_;    // not under --zero 1 (over more than one replica)
   StateFingerprint fingerprint_;
-  std::int64_t consecutive_skips_ = 0;
+  std::int64_t consecutive_skips_;  // from TrainConfig::initial_skips_in_a_row
   ddp::SampleTally read_, planned_;  // since the last check
 };
 

@@ -647,6 +647,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         s.hooks.on_checkpoint({.steps_done = step + 1,
                                .steps_planned = s.total_steps,
                                .optimizer_steps = optimizer->steps_taken(),
+                               .skips_in_a_row = guards.skips_in_a_row(),
                                .layout = &model->layout(),
                                .buffer_layout = &model->buffer_layout(),
                                .slot_names = optimizer->slot_names(),

@@ -144,6 +144,8 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   check_dataset(data.test, "test", data.train);
   if (c.check_every < 0) throw InvalidArgument("--check-every must be 0 (never) or a number of steps");
   if (c.max_skips < 1) throw InvalidArgument("--max-skips must be at least 1");
+  if (c.initial_skips_in_a_row < 0)
+    throw InvalidArgument("initial_skips_in_a_row (--resume) cannot be negative");
   for (const auto& f : c.inject) {
     // A fault no guard could see would show nothing: refused, as same-seed.
     const char* flip = f.kind == Fault::Kind::BufferBitFlip ? "bitflip-buffer" : "bitflip";

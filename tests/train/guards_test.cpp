@@ -3,12 +3,16 @@
 // one replica's error).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
 #include "lockstep/error.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
 #include "train/guards.h"
@@ -237,6 +241,39 @@ TEST(SymmetricDecisions, ConsecutiveSkipsStopEveryReplica) {
       << what;
   c.inject.erase(c.inject.begin() + 1);  // steps 3 and 5: not consecutive
   EXPECT_EQ(error_of(c), "(no error)");
+}
+
+// A run of skipped steps goes on across a checkpoint: a run resumed from a
+// checkpoint written after the first of two consecutive skips stops at the
+// second, as the unbroken run does (Note [Skips across a resume]: the count
+// is in the file; a resumed run that started it again at 0 trained on where
+// the unbroken run had stopped).
+TEST(SymmetricDecisions, ConsecutiveSkipsCountAcrossAResume) {
+  const auto data = synthetic_data(1024);  // error_of's
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("lockstep_skips_" + std::to_string(::getpid()) + ".st");
+  auto c = config();
+  c.max_skips = 2;
+  c.checkpoint_every = 4;
+  c.inject = {fault_from_string("nan@3:1"), fault_from_string("nan@4:1")};
+  std::vector<std::int64_t> written;  // steps_done, skips_in_a_row of each checkpoint
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint& cp) {
+    written.insert(written.end(), {cp.steps_done, cp.skips_in_a_row});
+    save_checkpoint(path, cp, trajectory_fields(c, data, "threads"), c.model);
+  };
+  const std::string unbroken = error_of(c, hooks);
+  EXPECT_NE(unbroken.find("stopped: 2 consecutive steps had non-finite gradients (the last, step 4, from rank 1)"),
+            std::string::npos)
+      << unbroken;
+  EXPECT_EQ(written, (std::vector<std::int64_t>{4, 1}));  // after step 3, the first skip
+
+  auto resumed = c;
+  resume_from(resumed, data, load_checkpoint(path, c, data), "threads");
+  std::filesystem::remove(path);
+  EXPECT_EQ(resumed.start_step, 4);
+  EXPECT_EQ(resumed.initial_skips_in_a_row, 1);
+  EXPECT_EQ(error_of(resumed), unbroken);
 }
 
 // One replica's error stops all of them with that error, well within the

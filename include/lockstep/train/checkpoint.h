@@ -9,8 +9,10 @@
 // (--bn-stats local) and its bf16 rounding error as
 // "error_feedback.<r>.<name>" (--compress bf16).
 // Metadata: "format" = "lockstep-checkpoint", "version" = "1", the steps done
-// and planned, the optimizer's updates, and "trajectory", a JSON object of
-// trajectory_fields(): the settings a resumed run must share.
+// and planned, the optimizer's updates, the last steps skipped in a row
+// ("skips_in_a_row", for --max-skips; absent from files written before it,
+// read as 0), and "trajectory", a JSON object of trajectory_fields(): the
+// settings a resumed run must share.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
 
 struct LoadedCheckpoint {
   std::int64_t steps_done = 0, steps_planned = 0, optimizer_steps = 0;
+  std::int64_t skips_in_a_row = 0;  // 0 in a file written before it was recorded
   std::vector<float> params, buffers, optimizer_state;  // laid out as the model's and the optimizer's arenas
   // Per replica, as TrainConfig::initial_replica_buffers and
   // initial_error_feedback: empty unless the writer kept them.
@@ -55,7 +58,8 @@ LoadedCheckpoint load_checkpoint_weights(const std::filesystem::path& path, cons
                                          const data::ImageClassificationData& data);
 
 // Sets config to go on from `checkpoint` (start_step, initial_params,
-// initial_buffers, initial_optimizer_state, initial_optimizer_steps), after
+// initial_buffers, initial_optimizer_state, initial_optimizer_steps,
+// initial_skips_in_a_row), after
 // checking that this run's trajectory_fields() are the writer's: otherwise
 // InvalidArgument names the first that differs, with both values. IoError if
 // the state that differs by replica is not there for each of this run's

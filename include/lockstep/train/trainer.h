@@ -148,6 +148,9 @@ struct TrainConfig {
   std::int64_t start_step = 0;
   std::optional<std::vector<float>> initial_optimizer_state;
   std::int64_t initial_optimizer_steps = 0;
+  // The steps skipped in a row just before start_step (Checkpoint::
+  // skips_in_a_row): --max-skips counts on from there, as in the unbroken run.
+  std::int64_t initial_skips_in_a_row = 0;
   // State that differs by replica, replica r's at [r x size, (r+1) x size):
   // --bn-stats local's buffers (replicas x buffer floats; rank 0's are also
   // initial_buffers) and --compress bf16's rounding error carried to the
@@ -284,6 +287,7 @@ struct Checkpoint {
   std::int64_t steps_done = 0;     // steps completed: the step a resumed run starts at
   std::int64_t steps_planned = 0;  // the run's total (its schedule depends on it)
   std::int64_t optimizer_steps = 0;  // updates the optimizer made (skipped steps make none)
+  std::int64_t skips_in_a_row = 0;   // the last steps skipped in a row (non-finite gradients), for --max-skips
   const nn::Layout* layout = nullptr;
   const nn::Layout* buffer_layout = nullptr;
   std::vector<std::string> slot_names;  // the optimizer's state slots, each laid out as `layout`
