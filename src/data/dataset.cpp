@@ -1,6 +1,9 @@
 #include "lockstep/data/dataset.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -69,6 +72,22 @@ IdxHeaderCheck within(Budget& budget, const fs::path& path, double per_byte) {
   };
 }
 
+// Note [Huge pages for the data]: the inputs as floats are 4 bytes a pixel
+// (188 MB for Fashion-MNIST's training set), and touching them first in 4 KiB
+// pages cost half of a run's start-up on this VM (page faults, 0.6 s of 1.3
+// s). Transparent huge pages, where the kernel offers them on request
+// (/sys/kernel/mm/transparent_hugepage/enabled: madvise), take 512 times
+// fewer faults. Only the 2 MiB-aligned interior of the buffer can be huge;
+// a kernel that refuses leaves the 4 KiB pages, as before.
+template <class T>
+void reserve_on_huge_pages(std::vector<T>& v, std::size_t n) {
+  v.reserve(n);
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<std::uintptr_t>(v.data());
+  const std::uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = (begin + n * sizeof(T)) & ~(kHuge - 1);
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+}
+
 // Reads an image file and a label file into a Dataset of pixel / 255 values.
 // num_classes is left at 0 for the caller to set.
 Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, Budget& budget) {
@@ -100,6 +119,7 @@ Dataset load_pair(const fs::path& images_path, const fs::path& labels_path, Budg
   set.size = images.dims[0];
   set.features = static_cast<std::int64_t>(images.bytes.size()) / set.size;
   set.shape.assign(images.dims.begin() + 1, images.dims.end());
+  reserve_on_huge_pages(set.inputs, images.bytes.size());
   set.inputs.resize(images.bytes.size());
   std::transform(images.bytes.begin(), images.bytes.end(), set.inputs.begin(),
                  [](std::uint8_t p) { return static_cast<float>(p) / 255.0f; });
