@@ -750,7 +750,11 @@ StepTimes median_times(std::span<const StepSample> samples) {
 // plain mean of the updates counted it as a whole batch (13 samples on 8
 // replicas x 1, two epochs: num_batches_tracked 3.25 after 4 steps). With
 // equal shards, the weighted mean is the plain mean, which is taken as before
-// (ReduceOp::Mean: the same bits).
+// (ReduceOp::Mean: the same bits). Left as it is: with --accumulate K, a
+// replica with fewer than K samples in a ragged step runs empty micro-steps,
+// which update nothing, so that step adds less than K to num_batches_tracked
+// (2 x 2 x K = 2 on 11 samples: 3.67 after 2 steps, not 4). PyTorch has no
+// counterpart to hold it to: its SyncBatchNorm synchronises every forward.
 
 // Note [Waiting for the last replica]: an all-reduce cannot finish on any
 // replica before every replica has started it, so the time from a replica's
