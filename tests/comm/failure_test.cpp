@@ -4,6 +4,7 @@
 // under run_ranks' wall-clock guard, so a hang fails the test.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -287,6 +288,7 @@ TEST(ThreadGroup, AFailedTransferStaysFailed) {
 // in a data race and failed, if at all, as a garbled fingerprint mismatch).
 TEST(ThreadGroup, ASecondCollectiveFromAnotherThreadIsRefusedByName) {
   std::string refusal;
+  std::atomic<bool> tried{false};  // rank 1's second thread has called its broadcast
   auto errors = run_ranks(
       2,
       [&](Communicator& comm) {
@@ -303,6 +305,7 @@ TEST(ThreadGroup, ASecondCollectiveFromAnotherThreadIsRefusedByName) {
               refusal = e.what();
             } catch (const Error&) {  // it came first, and the all-reduce's refusal aborted it
             }
+            tried = true;
           });
           try {
             allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
@@ -316,7 +319,11 @@ TEST(ThreadGroup, ASecondCollectiveFromAnotherThreadIsRefusedByName) {
           }
           second.join();
         } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // rank 1 waits in its all-reduce
+          // Rank 1 waits in its all-reduce until its second thread has tried (however late
+          // the OS runs it: a fixed sleep here could end first under load).
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (!tried && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
           allreduce(comm, data, {.op = ReduceOp::Sum, .algorithm = Algorithm::Ring});
         }
       },
