@@ -20,6 +20,8 @@
 // last checkpoint (Note [Restarts] in train_command.cpp). Not restarted: a
 // job stopped by a signal to the launcher (the user's), and a rank that
 // exited 2, a refused flag or setting, which every restart would meet again.
+// The launcher catches signals across the runs (SupervisorSignals): one that
+// comes between two runs, or as a run ends, starts no other.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -147,7 +149,7 @@ std::string seconds_text(double s) {
 
 // One run of the job: N ranks on a fresh rendezvous, supervised to the end.
 SupervisorResult run_job(const LaunchFlags& f, const std::string& exe, const std::vector<std::string>& inherited,
-                         int restart) {
+                         int restart, SupervisorSignals& signals) {
   const TempDir rendezvous;
   std::vector<ChildSpec> children;
   for (int r = 0; r < f.nproc; ++r) {
@@ -191,7 +193,7 @@ SupervisorResult run_job(const LaunchFlags& f, const std::string& exe, const std
     for (pid_t p : pids) line += " " + std::to_string(p);
     std::fprintf(stderr, "%s\n", line.c_str());
   };
-  return supervise(children, options);
+  return supervise(children, options, signals);
 }
 
 int run_launch(const LaunchFlags& f) {
@@ -237,8 +239,22 @@ int run_launch(const LaunchFlags& f) {
     const std::string var = *e;
     if (!kOwnVariables.contains(var.substr(0, var.find('=')))) inherited.push_back(var);
   }
+  // Caught across the runs of the job: a signal between two of them stops it
+  // too (Note [Restarting the job]).
+  SupervisorSignals signals;
   for (int restart = 0;; ++restart) {  // Note [Restarting the job]
-    const SupervisorResult result = run_job(f, exe, inherited, restart);
+    const SupervisorResult result = run_job(f, exe, inherited, restart, signals);
+    if (result.forwarded_signal != 0 && result.exits.empty()) {  // came before any rank started
+      const std::string by = describe({.signaled = true, .value = result.forwarded_signal});
+      if (restart == 0) {
+        std::fprintf(stderr, "lockstep launch: interrupted by %s before the ranks started; none was started.\n",
+                     by.c_str());
+      } else {
+        std::fprintf(stderr, "lockstep launch: interrupted by %s before restart %d of %d; the job was not "
+                     "restarted.\n", by.c_str(), restart, f.max_restarts);
+      }
+      return 128 + result.forwarded_signal;
+    }
     if (result.forwarded_signal != 0 && !result.first_failure) {
       std::fprintf(stderr, "lockstep launch: interrupted by %s; stopped all %d ranks.\n",
                    describe({.signaled = true, .value = result.forwarded_signal}).c_str(), f.nproc);
@@ -273,6 +289,8 @@ int run_launch(const LaunchFlags& f) {
               std::to_string(f.max_restarts) + ")";
     } else if (refused && f.max_restarts > 0) {
       then += ". Not restarted: exit code 2 is a refused flag or setting, which a restart would meet again";
+    } else if (result.forwarded_signal != 0 && restart < f.max_restarts) {
+      then += ". Not restarted: interrupted by " + describe({.signaled = true, .value = result.forwarded_signal});
     } else if (restart > 0) {
       then += ", after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s");
     }

@@ -165,57 +165,51 @@ struct Child {
   std::unique_ptr<LineRelay> out, err;
 };
 
-// Installs the handlers for the duration of supervise(); restores them after.
-class SignalScope {
- public:
-  SignalScope() {
-    const Pipe p = make_pipe();
-    if (p.read < 0) throw IoError(std::string("launch: cannot create a pipe: ") + strerror(errno));
-    read_ = p.read;
-    fcntl(p.read, F_SETFL, O_NONBLOCK);
-    fcntl(p.write, F_SETFL, O_NONBLOCK);
-    signal_pipe_write = p.write;
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    // Under nohup SIGHUP is ignored: it stays so, for the launcher and its
-    // ranks, and the job outlives the terminal as the user asked.
-    struct sigaction hup {};
-    sigaction(SIGHUP, nullptr, &hup);
-    hup_ignored_ = hup.sa_handler == SIG_IGN;
-    for (std::size_t i = 0; i < kSignals.size(); ++i) {
-      if (kSignals[i] == SIGHUP && hup_ignored_) {
-        previous_[i] = hup;
-        continue;
-      }
-      sigaction(kSignals[i], &sa, &previous_[i]);
-    }
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigaction(SIGPIPE, &ignore, &previous_pipe_);
-  }
-  ~SignalScope() {
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
-    sigaction(SIGPIPE, &previous_pipe_, nullptr);
-    close(signal_pipe_write);
-    signal_pipe_write = -1;
-    close(read_);
-  }
-  SignalScope(const SignalScope&) = delete;
-  SignalScope& operator=(const SignalScope&) = delete;
-  int fd() const { return read_; }
-  bool hup_ignored() const { return hup_ignored_; }
-
- private:
-  static constexpr std::array<int, 5> kSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1};
-  int read_ = -1;
-  bool hup_ignored_ = false;
-  std::array<struct sigaction, kSignals.size()> previous_{};
-  struct sigaction previous_pipe_ {};
-};
+constexpr std::array<int, 5> kCaughtSignals{SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 }  // namespace
+
+struct SupervisorSignals::Saved {
+  std::array<struct sigaction, kCaughtSignals.size()> previous{};
+  struct sigaction previous_pipe {};
+};
+
+SupervisorSignals::SupervisorSignals() : saved_(std::make_unique<Saved>()) {
+  LOCKSTEP_REQUIRE(signal_pipe_write < 0, "SupervisorSignals: one at a time");
+  const Pipe p = make_pipe();
+  if (p.read < 0) throw IoError(std::string("launch: cannot create a pipe: ") + strerror(errno));
+  read_ = p.read;
+  fcntl(p.read, F_SETFL, O_NONBLOCK);
+  fcntl(p.write, F_SETFL, O_NONBLOCK);
+  signal_pipe_write = p.write;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  // Under nohup SIGHUP is ignored: it stays so, for the launcher and its
+  // ranks, and the job outlives the terminal as the user asked.
+  struct sigaction hup {};
+  sigaction(SIGHUP, nullptr, &hup);
+  hup_ignored_ = hup.sa_handler == SIG_IGN;
+  for (std::size_t i = 0; i < kCaughtSignals.size(); ++i) {
+    if (kCaughtSignals[i] == SIGHUP && hup_ignored_) {
+      saved_->previous[i] = hup;
+      continue;
+    }
+    sigaction(kCaughtSignals[i], &sa, &saved_->previous[i]);
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &saved_->previous_pipe);
+}
+
+SupervisorSignals::~SupervisorSignals() {
+  for (std::size_t i = 0; i < kCaughtSignals.size(); ++i) sigaction(kCaughtSignals[i], &saved_->previous[i], nullptr);
+  sigaction(SIGPIPE, &saved_->previous_pipe, nullptr);
+  close(signal_pipe_write);
+  signal_pipe_write = -1;
+  close(read_);
+}
 
 std::string describe(const ChildExit& e) {
   if (!e.signaled) return "exit code " + std::to_string(e.value);
@@ -224,8 +218,21 @@ std::string describe(const ChildExit& e) {
 }
 
 SupervisorResult supervise(const std::vector<ChildSpec>& specs, const SupervisorOptions& options) {
-  SignalScope signals;
+  SupervisorSignals signals;
+  return supervise(specs, options, signals);
+}
+
+SupervisorResult supervise(const std::vector<ChildSpec>& specs, const SupervisorOptions& options,
+                           SupervisorSignals& signals) {
   SupervisorResult result;
+  {  // a signal caught before this call (between two runs of a job): no child is started
+    unsigned char got[64];
+    for (ssize_t n; result.forwarded_signal == 0 && (n = read(signals.fd(), got, sizeof got)) > 0;) {
+      for (ssize_t k = 0; k < n && result.forwarded_signal == 0; ++k)
+        if (got[k] != SIGCHLD) result.forwarded_signal = got[k];
+    }
+    if (result.forwarded_signal != 0) return result;
+  }
   std::vector<Child> children(specs.size());
   // Stopping the job: SIGTERM to whoever is left at term_at, SIGKILL at kill_at.
   std::optional<Clock::time_point> term_at, kill_at;

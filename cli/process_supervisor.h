@@ -26,7 +26,8 @@
 // Must be called from the process's main thread (the death signal is tied to
 // the thread that forks). It installs handlers for SIGCHLD, SIGINT, SIGTERM,
 // SIGUSR1, SIGHUP (unless ignored) and ignores SIGPIPE while it runs, and restores them
-// before returning.
+// before returning; or, given SupervisorSignals, leaves them to it, so that
+// a signal between two calls (a job started again) is caught, not lost.
 // Throws IoError if a pipe or process cannot be created (after stopping the
 // children already started).
 #pragma once
@@ -35,6 +36,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +94,30 @@ struct SupervisorResult {
   bool ok() const { return !first_failure && forwarded_signal == 0; }
 };
 
+// The handlers supervise() needs, for as long as this lives: SIGINT,
+// SIGTERM, SIGHUP (unless ignored) and SIGUSR1 caught, SIGPIPE ignored. One
+// at a time. `lockstep launch --max-restarts` holds one across the runs of a
+// job: a signal that comes between two runs (or as one ends, after its last
+// look) waits here, and the next supervise() starts no child but returns it
+// as forwarded_signal, with no exits.
+class SupervisorSignals {
+ public:
+  SupervisorSignals();
+  ~SupervisorSignals();
+  SupervisorSignals(const SupervisorSignals&) = delete;
+  SupervisorSignals& operator=(const SupervisorSignals&) = delete;
+  int fd() const { return read_; }  // the self-pipe: one byte per signal
+  bool hup_ignored() const { return hup_ignored_; }
+
+ private:
+  int read_ = -1;
+  bool hup_ignored_ = false;
+  struct Saved;
+  std::unique_ptr<Saved> saved_;  // the handlers to restore
+};
+
 SupervisorResult supervise(const std::vector<ChildSpec>& children, const SupervisorOptions& options);
+SupervisorResult supervise(const std::vector<ChildSpec>& children, const SupervisorOptions& options,
+                           SupervisorSignals& signals);
 
 }  // namespace lockstep::cli

@@ -5,6 +5,7 @@
 // that kills the launcher (its ranks die with it) and fails the test.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -1018,6 +1019,87 @@ TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
   EXPECT_NE(recurs.err().find("(restart 1 of 1)"), std::string::npos) << recurs.err();
   EXPECT_NE(recurs.last_err_line().find("the other ranks were stopped, after 1 restart."), std::string::npos)
       << recurs.err();
+}
+
+// A signal to the launcher between two runs of a job ends it, not restarted,
+// and says so (Note [Restarting the job]). The launcher is held there: its
+// stderr is a pipe this test fills while the rank runs, so once the rank is
+// killed the launcher blocks writing "Restarting the job", after the first
+// run and before the second; SIGINT comes then. (The launcher once caught
+// signals only while a run was under way: there SIGINT killed it without a
+// word, and one that came as a run ended was lost, and the job restarted.)
+TEST_F(LaunchTrain, ASignalBetweenTwoRunsOfAJobEndsItWithoutARestart) {
+  const auto data = make_data_dir("restart-signal");
+  const auto dir = run_dir("restart-signal");
+  int err[2];
+  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+  std::vector<std::string> args = {LOCKSTEP_CLI, "launch", "--nproc", "1", "--max-restarts", "1", "--"};
+  for (const auto& a : train_args(data, {"--steps", "1000000"})) args.push_back(a);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (dir / "out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  pid_t launcher = -1;
+  ASSERT_EQ(posix_spawn(&launcher, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);  // the wall-clock guard
+  std::string text;
+  const auto read_some = [&] {  // false once the launcher's stderr is closed
+    pollfd p{err[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) return true;
+    char buf[4096];
+    const ssize_t n = read(err[0], buf, sizeof buf);
+    if (n > 0) text.append(buf, std::size_t(n));
+    return n > 0;
+  };
+  const auto stop = [&](const std::string& why) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    close(err[0]);
+    close(err[1]);
+    ADD_FAILURE() << why << "\n" << text;
+  };
+  while (text.find("), pids ") == std::string::npos || text.back() != '\n') {
+    if (Clock::now() > deadline) return stop("the rank did not start");
+    read_some();
+  }
+  const pid_t rank = std::stoi(text.substr(text.find("), pids ") + 8));
+  // Fill the pipe through a description of its own (O_NONBLOCK would be the launcher's too).
+  const int fill = open(("/proc/self/fd/" + std::to_string(err[1])).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(fill, 0);
+  const std::string page(4096, '.');
+  for (std::size_t size : {std::size_t(4096), std::size_t(1)})
+    while (write(fill, page.data(), size) > 0) {
+    }
+  close(fill);
+  close(err[1]);
+  kill(rank, SIGKILL);
+  // The launcher has reaped the rank and waits to write why it restarts.
+  for (;;) {
+    if (Clock::now() > deadline) return stop("the launcher did not block writing to its stderr");
+    const std::string wchan = read_file("/proc/" + std::to_string(launcher) + "/wchan");  // "[anon_]pipe_write"
+    if (wchan.ends_with("pipe_write") && gone(rank)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(launcher, SIGINT);
+  while (read_some()) {
+    if (Clock::now() > deadline) return stop("the launcher did not end");
+  }
+  close(err[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  if (const auto filler = text.find(std::string(64, '.')); filler != std::string::npos)
+    text.erase(0, text.find_first_not_of('.', filler));
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status) << "\n" << text;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << text;
+  EXPECT_NE(text.find("lockstep launch: interrupted by signal 2 (SIGINT) before restart 1 of 1; the job was not "
+                      "restarted.\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("), pids "), std::string::npos) << "the job was started again:\n" << text;
 }
 
 // Only commands that join the group are one job; anything else would run N
