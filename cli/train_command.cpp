@@ -253,7 +253,10 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
     throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is past the run's last step (" +
                           std::to_string(steps - 1) + ").");
   }
-  if (f.svg_step < f.config.start_step) {
+  // --auto-resume runs the same command in every run of a job: an earlier
+  // run passed the step, and this one goes on without it (train_and_report
+  // says so where it would have written it).
+  if (f.svg_step < f.config.start_step && !f.auto_resumed) {
     throw InvalidArgument("--timeline-step " + std::to_string(f.svg_step) + " is before step " +
                           std::to_string(f.config.start_step) + ", where this run goes on from its checkpoint.");
   }
@@ -762,6 +765,12 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   if (!f.svg_file.empty()) {
     // Default: the last step, when everything has warmed up.
     const std::int64_t step = f.svg_step >= 0 ? f.svg_step : result.steps - 1;
+    if (step < c.start_step) {  // only with --auto-resume: check_timeline_step
+      warn("--timeline-svg not written: --timeline-step " + std::to_string(step) + " ran before step " +
+           std::to_string(c.start_step) + ", where this run went on from " + f.checkpoint_file +
+           " (--auto-resume), in an earlier run of the job.");
+      return exit_code;
+    }
     if (step >= result.steps && result.stopped_early) {
       warn("--timeline-svg not written: the run stopped after step " + std::to_string(result.steps) +
            ", before the step --timeline-step asked for (" + std::to_string(step) + ").");

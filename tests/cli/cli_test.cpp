@@ -1377,6 +1377,51 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   EXPECT_NE(bad.output.find("LOCKSTEP_RESTART_COUNT is 'x', not a whole number"), std::string::npos) << bad.output;
 }
 
+// --auto-resume is the one command every run of a job runs (Note [Restarts]):
+// a --timeline-step that an earlier run of the job passed cannot be drawn
+// by the run that goes on after it, and is no reason to refuse that run
+// (lockstep launch does not restart a refused one, and the job is lost); it
+// goes on to the unbroken run's weights, and says why there is no timeline.
+// --resume, given by hand, still refuses it.
+TEST(Cli, AutoResumePastTheTimelineStepGoesOnWithoutTheTimeline) {
+  const fs::path dir = make_data_dir("cli_auto_resume_timeline");
+  const fs::path out = fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_auto_resume_timeline_out";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 8 --steps 12" +
+                             kStatedPeak + "--checkpoint-every 4 --quiet ";
+  const CliRun whole = run(common + "--save " + (out / "whole.st").string() + " --checkpoint " +
+                           (out / "whole_checkpoint.st").string());
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  const std::string checkpoint = (out / "c.st").string();
+  const std::string job = common + "--checkpoint " + checkpoint + " --auto-resume --timeline-svg " +
+                          (out / "t.svg").string() + " --timeline-step 2 --inject throw@6:1 --save " +
+                          (out / "again.st").string();
+  const CliRun first = run(job);
+  ASSERT_EQ(first.code, 1) << first.output;
+  ASSERT_TRUE(fs::exists(checkpoint));
+  fs::copy_file(checkpoint, out / "mid.st");
+  const CliRun again = run_command("LOCKSTEP_RESTART_COUNT=1 " + std::string(LOCKSTEP_CLI) + " " + job);
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("--timeline-svg not written: --timeline-step 2 ran before step 4, where this run "
+                              "went on from " + checkpoint + " (--auto-resume)"),
+            std::string::npos)
+      << again.output;
+  EXPECT_FALSE(fs::exists(out / "t.svg"));
+  std::ifstream a(out / "whole.st", std::ios::binary), b(out / "again.st", std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+      << "the resumed run's weights differ from the unbroken run's";
+
+  const CliRun by_hand = run(common + "--checkpoint " + (out / "h.st").string() + " --resume " +
+                             (out / "mid.st").string() + " --timeline-svg " +
+                             (out / "t.svg").string() + " --timeline-step 2");
+  EXPECT_EQ(by_hand.code, 2) << by_hand.output;
+  EXPECT_NE(by_hand.output.find("--timeline-step 2 is before step 4, where this run goes on from its checkpoint"),
+            std::string::npos)
+      << by_hand.output;
+}
+
 TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   const fs::path dir = make_data_dir("cli_guards");
   const std::string common =
