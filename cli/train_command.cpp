@@ -331,8 +331,9 @@ int ranks_on_this_host(const comm::Communicator& group) {
 // for bit, so a job restarted from its last checkpoint ends with the weights
 // of a job that never failed; what a restart costs is the steps since that
 // checkpoint. Every rank looks for the file itself: across hosts it must be
-// on a shared filesystem (a rank that does not find it starts at step 0, and
-// the handshake refuses the mix, naming both steps).
+// on a shared filesystem (a rank that finds another step than rank 0, or
+// none, is refused, naming the file and both steps:
+// check_auto_resume_agrees).
 std::int64_t restart_count() {
   const char* env = std::getenv("LOCKSTEP_RESTART_COUNT");
   if (env == nullptr || *env == '\0') return 0;
@@ -535,6 +536,27 @@ void warn_outputs_rank0_lacks(const TrainFlags& f, comm::Communicator& group) {
   }
 }
 
+// Note [Restarts]: every rank looks for --auto-resume's file itself. A rank
+// that found another step than rank 0 (across hosts: a file not on a shared
+// filesystem, or a stale copy) is refused here, naming the file and both
+// steps; the handshake would say only that the steps differ, and to give
+// every rank the same flags, which they have. One broadcast every rank joins,
+// whatever its flags.
+void check_auto_resume_agrees(const TrainFlags& f, comm::Communicator& group) {
+  const std::int64_t mine[2] = {f.auto_resume ? 1 : 0, f.resume ? f.resume->steps_done : 0};
+  std::int64_t rank0[2] = {mine[0], mine[1]};
+  comm::broadcast(group, std::as_writable_bytes(std::span(rank0)), 0);
+  if (!f.auto_resume || rank0[0] == 0 || rank0[1] == mine[1]) return;
+  const std::string here =
+      mine[1] > 0 ? "found " + f.checkpoint_file + " of step " + std::to_string(mine[1])
+                  : "did not find " + f.checkpoint_file;
+  const std::string there =
+      rank0[1] > 0 ? "goes on from its copy after step " + std::to_string(rank0[1]) : "did not find it";
+  throw InvalidArgument("--auto-resume: this rank " + here + ", and rank 0 " + there +
+                        "; every rank reads the checkpoint, so across hosts it must be one file on a filesystem "
+                        "every host sees.");
+}
+
 int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
   f.group.timeout_s = f.timeout_s;
   std::ostringstream warnings;
@@ -558,6 +580,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
     c.replicas = group->size();
     if (group->rank() == 0) check_outputs(f);
     warn_outputs_rank0_lacks(f, *group);
+    check_auto_resume_agrees(f, *group);
     return train_and_report(f, data, group.get());
   } catch (...) {
     rethrow_as_rank(*group);

@@ -546,6 +546,37 @@ TEST_F(LaunchTrain, ATraceAskedForOnSomeRanksOnlyIsNoMismatch) {
   }
 }
 
+// --auto-resume across hosts (Note [Restarts]): every rank looks for the
+// --checkpoint file itself, so it must be one file every host sees. Here each
+// rank runs in a directory of its own, and c.st is rank 0's alone: rank 1,
+// which did not find it, says so, naming the file and rank 0's step, and is
+// not restarted (exit 2). Before, the handshake refused both with "--resume
+// ... differs; start every replica with the same flags", which they had.
+TEST_F(LaunchTrain, AnAutoResumeCheckpointOneRankDoesNotSeeIsNamed) {
+  const auto data = make_data_dir("auto_resume_unseen");
+  const auto dir = run_dir("auto_resume_unseen");
+  const auto job = [](std::vector<std::string>& extra) {
+    extra.insert(extra.end(), {"--checkpoint", "c.st", "--auto-resume", "--checkpoint-every", "2"});
+  };
+  {  // the first run: rank 0 writes rank0/c.st at step 2, then rank 1 fails
+    auto ranks = start_two_ranks(data, dir / "first", [&](int, std::vector<std::string>& extra) {
+      job(extra);
+      extra.insert(extra.end(), {"--inject", "throw@3:1"});
+    });
+    for (auto& rank : ranks) EXPECT_NE(rank->wait(), 0) << rank->err();
+  }
+  fs::create_directories(dir / "again" / "rank0");
+  fs::copy_file(dir / "first" / "rank0" / "c.st", dir / "again" / "rank0" / "c.st");
+  auto ranks = start_two_ranks(data, dir / "again", [&](int, std::vector<std::string>& extra) { job(extra); });
+  EXPECT_EQ(ranks[1]->wait(), 2) << ranks[1]->err();
+  EXPECT_EQ(ranks[0]->wait(), 3) << ranks[0]->err();
+  const std::string want =
+      "rank 1: --auto-resume: this rank did not find c.st, and rank 0 goes on from its copy after step 2; every rank "
+      "reads the checkpoint, so across hosts it must be one file on a filesystem every host sees.";
+  EXPECT_NE(ranks[1]->err().find(want), std::string::npos) << ranks[1]->err();
+  EXPECT_NE(ranks[0]->err().find(want), std::string::npos) << "rank 0 learns why: " << ranks[0]->err();
+}
+
 // Two Gloo ranks training the 1.4 MB MLP 784-600-600-10 (two buckets by
 // default) for 2 steps, rank r with LOCAL_WORLD_SIZE local[r]; `adjust` may
 // change rank r's arguments and the program that starts it (taskset, sh).
