@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -232,6 +233,15 @@ int run_launch(const LaunchFlags& f) {
                               " out of the command" + (flag == "--world-size" ? " and give launch --nproc." : "."));
       }
     }
+  }
+  // A restarted train job goes on from its last checkpoint only with
+  // --auto-resume (Note [Restarts]); without it each restart trains from
+  // step 0, which may be meant, but is more often forgotten.
+  if (f.max_restarts > 0 && f.command[0] == "train" &&
+      std::find(f.command.begin(), f.command.end(), "--auto-resume") == f.command.end()) {
+    std::fprintf(stderr,
+                 "lockstep launch: warning: the command has no --auto-resume, so a restarted job trains again from "
+                 "step 0; add --checkpoint FILE --auto-resume to go on from its last checkpoint.\n");
   }
   const std::string exe = self_executable();
   std::vector<std::string> inherited;

@@ -1048,6 +1048,13 @@ TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
   CliRun recurs(run_dir("restart-recurs"), launch({"--max-restarts", "1"}, {"--checkpoint", "c.st", "--init", missing}));
   EXPECT_EQ(recurs.wait(), 1) << recurs.err();
   EXPECT_NE(recurs.err().find("(restart 1 of 1)"), std::string::npos) << recurs.err();
+  // Without --auto-resume each restart trains from step 0: said before the job starts.
+  EXPECT_EQ(recurs.err().rfind("lockstep launch: warning: the command has no --auto-resume, so a restarted job trains "
+                               "again from step 0",
+                               0),
+            0u)
+      << recurs.err();
+  EXPECT_EQ(r.err().find("warning"), std::string::npos) << r.err();
   EXPECT_NE(recurs.last_err_line().find("the other ranks were stopped, after 1 restart."), std::string::npos)
       << recurs.err();
 }
