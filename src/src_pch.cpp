@@ -1,0 +1,1 @@
+// Owns the library's shared precompiled header (src/CMakeLists.txt).
