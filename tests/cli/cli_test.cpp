@@ -1319,23 +1319,40 @@ TEST(Cli, PlanModelsReplicasSharingCores) {
 
 namespace {
 
-// The guards from the command line: an injected bit flip stops the run
-// naming the rank; repair warns and finishes; a NaN step is skipped by all.
+// For the --auto-resume tests: a tiny data set, an empty directory `out`
+// holding the unbroken run's weights (whole.st), and the train command they
+// share, of 12 steps with a checkpoint every 4 (`common`, to add to).
+struct AutoResumeCase {
+  fs::path out;
+  std::string common;
+  bool files_equal(const std::string& a, const std::string& b) const {
+    std::ifstream x(out / a, std::ios::binary), y(out / b, std::ios::binary);
+    return std::equal(std::istreambuf_iterator<char>(x), {}, std::istreambuf_iterator<char>(y), {});
+  }
+};
+AutoResumeCase auto_resume_case(const std::string& name) {
+  AutoResumeCase k;
+  const fs::path dir = make_data_dir(name);
+  k.out = fs::path(LOCKSTEP_TEST_TMPDIR) / (name + "_out");
+  fs::remove_all(k.out);
+  fs::create_directories(k.out);
+  k.common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 8 --steps 12" + kStatedPeak +
+             "--checkpoint-every 4 ";
+  const CliRun whole = run(k.common + "--quiet --save " + (k.out / "whole.st").string() + " --checkpoint " +
+                           (k.out / "whole_checkpoint.st").string());
+  EXPECT_EQ(whole.code, 0) << whole.output;
+  return k;
+}
+
 // --auto-resume (Note [Restarts], cli/train_command.cpp): no file, a fresh
 // run; the file of a run stopped early, that run's end, bit for bit; the
 // file of an ended run or of other settings, refused with --auto-resume's
 // remedies. LOCKSTEP_RESTART_COUNT > 0 (set by lockstep launch
 // --max-restarts) leaves the injected faults out.
 TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
-  const fs::path dir = make_data_dir("cli_auto_resume");
-  const fs::path out = fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_auto_resume_out";
-  fs::remove_all(out);
-  fs::create_directories(out);
-  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 8 --steps 12" +
-                             kStatedPeak + "--checkpoint-every 4 ";
-  const CliRun whole = run(common + "--quiet --save " + (out / "whole.st").string() + " --checkpoint " +
-                           (out / "whole_checkpoint.st").string());
-  ASSERT_EQ(whole.code, 0) << whole.output;
+  const AutoResumeCase k = auto_resume_case("cli_auto_resume");
+  const fs::path& out = k.out;
+  const std::string& common = k.common;
 
   const std::string checkpoint = (out / "c.st").string();
   const std::string auto_resume = "--checkpoint " + checkpoint + " --auto-resume ";
@@ -1352,9 +1369,7 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
       << again.output;
   EXPECT_NE(again.output.find("--auto-resume: going on from " + checkpoint + " after step 4"), std::string::npos)
       << again.output;
-  std::ifstream a(out / "whole.st", std::ios::binary), b(out / "again.st", std::ios::binary);
-  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
-      << "the resumed run's weights differ from the unbroken run's";
+  EXPECT_TRUE(k.files_equal("whole.st", "again.st")) << "the resumed run's weights differ from the unbroken run's";
 
   // The checkpoint now holds the ended run; another --lr is another run.
   const CliRun ended = run(common + auto_resume + "--quiet");
@@ -1384,15 +1399,9 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
 // goes on to the unbroken run's weights, and says why there is no timeline.
 // --resume, given by hand, still refuses it.
 TEST(Cli, AutoResumePastTheTimelineStepGoesOnWithoutTheTimeline) {
-  const fs::path dir = make_data_dir("cli_auto_resume_timeline");
-  const fs::path out = fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_auto_resume_timeline_out";
-  fs::remove_all(out);
-  fs::create_directories(out);
-  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --hidden 8 --steps 12" +
-                             kStatedPeak + "--checkpoint-every 4 --quiet ";
-  const CliRun whole = run(common + "--save " + (out / "whole.st").string() + " --checkpoint " +
-                           (out / "whole_checkpoint.st").string());
-  ASSERT_EQ(whole.code, 0) << whole.output;
+  const AutoResumeCase k = auto_resume_case("cli_auto_resume_timeline");
+  const fs::path& out = k.out;
+  const std::string common = k.common + "--quiet ";
 
   const std::string checkpoint = (out / "c.st").string();
   const std::string job = common + "--checkpoint " + checkpoint + " --auto-resume --timeline-svg " +
@@ -1409,9 +1418,7 @@ TEST(Cli, AutoResumePastTheTimelineStepGoesOnWithoutTheTimeline) {
             std::string::npos)
       << again.output;
   EXPECT_FALSE(fs::exists(out / "t.svg"));
-  std::ifstream a(out / "whole.st", std::ios::binary), b(out / "again.st", std::ios::binary);
-  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
-      << "the resumed run's weights differ from the unbroken run's";
+  EXPECT_TRUE(k.files_equal("whole.st", "again.st")) << "the resumed run's weights differ from the unbroken run's";
 
   const CliRun by_hand = run(common + "--checkpoint " + (out / "h.st").string() + " --resume " +
                              (out / "mid.st").string() + " --timeline-svg " +
@@ -1422,6 +1429,8 @@ TEST(Cli, AutoResumePastTheTimelineStepGoesOnWithoutTheTimeline) {
       << by_hand.output;
 }
 
+// The guards from the command line: an injected bit flip stops the run
+// naming the rank; repair warns and finishes; a NaN step is skipped by all.
 TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   const fs::path dir = make_data_dir("cli_guards");
   const std::string common =
