@@ -133,8 +133,9 @@ struct TrainConfig {
   bool evaluate = true;                              // test accuracy after every epoch
   std::int64_t log_every = 50;                       // progress every this many steps
   // How often the replicas agree on TrainHooks::stop_requested, in wall time:
-  // after the first step, then every max(1, this / the last step's time)
-  // steps, and at every progress point (so at most every log_every steps).
+  // after the first step, then every max(1, this / the mean step time since
+  // the last vote) steps, and at every progress point (so at most every
+  // log_every steps).
   double stop_poll_ms = 1000;
   std::optional<std::vector<float>> initial_params;   // replaces init (e.g. --init FILE)
   std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
