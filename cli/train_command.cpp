@@ -368,8 +368,6 @@ std::string auto_resume_refusal(const std::string& file, std::string why) {
   };
   replace("--resume: ", "");
   replace("start afresh without --resume", "give another --checkpoint file to start afresh");
-  replace("; for its weights, use --init.",
-          ": the job is done. For its weights, use --init; to train again, give another --checkpoint file.");
   return "--auto-resume found " + file + ", and cannot go on from it: " + why;
 }
 
@@ -670,7 +668,8 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   buckets_from_checkpoint(f, data);
   if (f.resume) {
     try {
-      train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)));
+      train::resume_from(c, data, std::move(*f.resume), comm::to_string(backend_of(f.group)),
+                         f.auto_resumed ? train::IfEnded::Finish : train::IfEnded::Refuse);
     } catch (const IoError& e) {  // a damaged file, named; say which flag gave it, as when it was read
       throw IoError(resume_flag(f) + ": " + e.what());
     } catch (const InvalidArgument& e) {
@@ -696,7 +695,12 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
       std::fprintf(stderr, "lockstep train: restart %lld of the job%s\n", (long long)f.restart,
                    f.inject.empty() ? "" : " (--inject faults fire in its first run only)");
     }
-    if (f.auto_resumed) {
+    if (f.auto_resumed && c.start_step == steps) {  // Note [A job that had ended] (replica.cpp)
+      std::fprintf(stderr,
+                   "lockstep train: --auto-resume: %s holds the job's last step (%lld); no step is left, so this run "
+                   "evaluates its weights and writes the outputs\n",
+                   f.checkpoint_file.c_str(), (long long)c.start_step);
+    } else if (f.auto_resumed) {
       std::fprintf(stderr, "lockstep train: --auto-resume: going on from %s after step %lld\n",
                    f.checkpoint_file.c_str(), (long long)c.start_step);
     }
@@ -773,6 +777,19 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
                      {{"format", "pt"}, {"model", result.model_description}});
   }
   if (!f.report_file.empty()) write_file_atomically(f.report_file, train::report_json(c, result), "the report");
+  // Note [A job that had ended]: the outputs that draw or time steps have
+  // none from this run; an earlier run of the job ran them all.
+  if (result.steps == c.start_step) {
+    for (const auto& [flag, file] : {std::pair<const char*, const std::string*>{"--trace", &f.trace_file},
+                                     {"--timeline-svg", &f.svg_file},
+                                     {"--profile", &f.profile_file}}) {
+      if (!file->empty()) {
+        warn(std::string(flag) + " not written: this run went on from " + f.checkpoint_file +
+             " (--auto-resume), which holds the job's last step, so it ran no step to draw or time.");
+      }
+    }
+    return exit_code;
+  }
   if (!f.trace_file.empty()) {
     train::write_chrome_trace(f.trace_file, result.timeline, c.replicas);
     if (!f.quiet)

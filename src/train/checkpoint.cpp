@@ -265,7 +265,7 @@ static LoadedCheckpoint read_checkpoint_tensors(const std::filesystem::path& pat
 }
 
 void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint cp,
-                 const std::string& transport) {
+                 const std::string& transport, IfEnded ended) {
   const auto mine = trajectory_fields(config, data, transport);
   std::map<std::string, std::string> theirs(cp.fields.begin(), cp.fields.end());
   // Every setting that differs, each with both values (so that one run of
@@ -308,7 +308,7 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
                           "; a resumed run keeps the settings that shape its weights. Give the same, or start afresh "
                           "without --resume.");
   }
-  if (cp.steps_done >= cp.steps_planned) {
+  if (cp.steps_done >= cp.steps_planned && ended == IfEnded::Refuse) {
     throw InvalidArgument("--resume: the checkpoint is of a run that had ended (step " +
                           std::to_string(cp.steps_done) + " of " + std::to_string(cp.steps_planned) +
                           "); for its weights, use --init.");

@@ -291,6 +291,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   std::int64_t samples = 0;  // global samples processed by the group since `start`
 
   out.epochs_run = c.start_step / s.sampler.steps_per_epoch();
+  out.steps_run = c.start_step;
   for (std::int64_t step = c.start_step; step < s.total_steps; ++step) {
     if (step == s.warmup_steps && step > 0) {  // restart the clock after warm-up
       start = Clock::now();
@@ -659,6 +660,24 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       }
     }
     if (stop) break;
+  }
+  // Note [A job that had ended]
+  // A job whose every step is done can still fail after its last checkpoint:
+  // a rank lost while the outputs are gathered or written. The job
+  // restarted from that checkpoint (launch --max-restarts, train
+  // --auto-resume) has no step left, and must still end as the unbroken job:
+  // the weights, their test accuracy, --save. So start_step may be the run's
+  // last (IfEnded::Finish): no step runs, the weights are evaluated as the
+  // last step would have, and the loss is not known (NaN: the checkpoint
+  // keeps none). What describes steps (timings, the trace, a profile) is
+  // empty, and the command says so.
+  if (out.steps_run == c.start_step && c.start_step == s.total_steps) {
+    out.final_loss = std::numeric_limits<double>::quiet_NaN();
+    const auto t0 = Clock::now();
+    const auto before_ctl = comm.stats().bytes_sent;
+    if (c.evaluate) out.epoch_test_accuracy.push_back(evaluate(comm, *model, s.data.test));
+    out.traffic.control += comm.stats().bytes_sent - before_ctl;  // as at a progress point
+    eval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   }
   out.train_seconds = std::chrono::duration<double>(Clock::now() - start).count() - eval_seconds;
   const auto st = comm.stats();

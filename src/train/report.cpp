@@ -127,7 +127,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   } else {
     s += std::string("  communicated per step per replica") +
          (r.traffic.size() == 1 && r.replicas > 1 ? " (rank 0's)" : "") + ": " +
-         human_bytes(double(gradient_bytes_per_step(r))) + " of gradients in " + calls + formula;
+         (steps_here(r) > 0 ? human_bytes(double(gradient_bytes_per_step(r))) + " of gradients in "
+                            : std::string("no step in this run; a step's gradients go in ")) +
+         calls + formula;
   }
   const TrafficBytes& t0 = r.traffic.empty() ? TrafficBytes{} : r.traffic[0];
   if (r.replicas > 1 && t0.gradients > 0) {
@@ -187,7 +189,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                 "(overlap %.0f%%)\n",
                 r.times.step_ms, r.times.compute_ms, r.times.comm_ms, r.times.exposed_comm_ms,
                 100 * r.times.overlap_fraction);
-  s += line;
+  // Note [A job that had ended]: nothing was timed.
+  s += steps_here(r) > 0 ? line : "  step time    none: this run went on from the job's last step, and ran no step\n";
   if (!std::isnan(r.times.comm_wait_ms) && r.replicas > 1) {  // Note [Waiting for the last replica]
     std::snprintf(line, sizeof line,
                   "               communication: %.2f ms waiting for the last replica to join the all-reduce, "
@@ -270,7 +273,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     }
   }
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
-  s += line;
+  s += std::isnan(r.final_loss) && steps_here(r) == 0 ? "  result       final loss not known (no step ran)" : line;
   if (r.test_accuracy) {
     std::snprintf(line, sizeof line, ", test accuracy %.4f", *r.test_accuracy);
     s += line;

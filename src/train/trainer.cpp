@@ -327,10 +327,12 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
                             std::to_string(c.replicas) + " replicas; use fewer replicas or a larger model.");
     }
   }
-  if (c.start_step < 0 || (c.start_step > 0 && c.start_step >= total_steps)) {
+  // start_step == total_steps: a run that had ended (Note [A job that had
+  // ended]): no step is left, and the run evaluates the weights it ends with.
+  if (c.start_step < 0 || c.start_step > total_steps) {
     throw InvalidArgument("start_step (--resume) is " + std::to_string(c.start_step) + " of a run of " +
                           std::to_string(total_steps) + " steps: " +
-                          (c.start_step > 0 ? "the checkpoint is of a run that had ended." : "it cannot be negative."));
+                          (c.start_step > 0 ? "past the run's last step." : "it cannot be negative."));
   }
   if (c.start_step > 0 && (!c.initial_params || !c.initial_optimizer_state)) {
     throw InvalidArgument("start_step (--resume) needs the checkpoint's weights and optimizer state "
@@ -429,7 +431,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   const std::int64_t first_timed = p.warmup > c.start_step && res.steps > p.warmup ? p.warmup : c.start_step;
   for (std::int64_t step = first_timed; step < res.steps; ++step)
     timed_samples += sampler.shard(step % sampler.steps_per_epoch(), 0).global_count;
-  res.samples_per_s = double(timed_samples) / o.train_seconds;
+  res.samples_per_s = timed_samples > 0 ? double(timed_samples) / o.train_seconds : 0;  // none: a run that had ended
   res.flops_per_sample = p.probe->train_flops_per_sample();
   res.mfu = c.peak_flops > 0 ? res.samples_per_s * res.flops_per_sample / c.peak_flops : 0;
   res.param_count = p.probe->layout().numel();

@@ -1346,8 +1346,8 @@ AutoResumeCase auto_resume_case(const std::string& name) {
 
 // --auto-resume (Note [Restarts], cli/train_command.cpp): no file, a fresh
 // run; the file of a run stopped early, that run's end, bit for bit; the
-// file of an ended run or of other settings, refused with --auto-resume's
-// remedies. LOCKSTEP_RESTART_COUNT > 0 (set by lockstep launch
+// file of an ended run, that run's end again; of other settings, refused
+// with --auto-resume's remedies. LOCKSTEP_RESTART_COUNT > 0 (set by lockstep launch
 // --max-restarts) leaves the injected faults out.
 TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   const AutoResumeCase k = auto_resume_case("cli_auto_resume");
@@ -1371,14 +1371,26 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
       << again.output;
   EXPECT_TRUE(k.files_equal("whole.st", "again.st")) << "the resumed run's weights differ from the unbroken run's";
 
-  // The checkpoint now holds the ended run; another --lr is another run.
-  const CliRun ended = run(common + auto_resume + "--quiet");
-  EXPECT_EQ(ended.code, 2) << ended.output;
-  EXPECT_NE(ended.output.find("--auto-resume found " + checkpoint + ", and cannot go on from it: the checkpoint is of "
-                              "a run that had ended (step 12 of 12): the job is done. For its weights, use --init; "
-                              "to train again, give another --checkpoint file."),
+  // The checkpoint now holds the ended job (Note [A job that had ended]): a
+  // job restarted after its last checkpoint runs no step, and ends as the
+  // unbroken job, with its weights and their test accuracy; what draws steps
+  // is not written, and says why. Another --lr is another run.
+  const CliRun ended = run(common + auto_resume + "--save " + (out / "ended.st").string() + " --timeline-svg " +
+                           (out / "ended.svg").string());
+  ASSERT_EQ(ended.code, 0) << ended.output;
+  EXPECT_NE(ended.output.find("--auto-resume: " + checkpoint + " holds the job's last step (12); no step is left"),
             std::string::npos)
       << ended.output;
+  EXPECT_TRUE(k.files_equal("whole.st", "ended.st")) << "the ended job's weights differ from the unbroken job's";
+  const auto accuracy = [](const std::string& output) {
+    const auto at = output.find(", test accuracy ");
+    return at == std::string::npos ? std::string("none") : output.substr(at, 22);
+  };
+  EXPECT_EQ(accuracy(ended.output), accuracy(again.output)) << ended.output;
+  EXPECT_NE(ended.output.find("final loss not known (no step ran)"), std::string::npos) << ended.output;
+  EXPECT_NE(ended.output.find("--timeline-svg not written: this run went on from " + checkpoint), std::string::npos)
+      << ended.output;
+  EXPECT_FALSE(fs::exists(out / "ended.svg"));
   const CliRun other = run(common + auto_resume + "--quiet --lr 0.05");
   EXPECT_EQ(other.code, 2) << other.output;
   EXPECT_NE(other.output.find("--auto-resume found " + checkpoint + ", and cannot go on from it: --lr differs from "

@@ -1034,7 +1034,20 @@ TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
   EXPECT_EQ(r.last_err_line(), "lockstep launch: the job succeeded after 1 restart.") << err;
   EXPECT_EQ(read_file(dir / "w.st"), want) << "the restarted job's weights differ from the unbroken job's";
   // The last checkpoint before step 25: every 10 steps and at each epoch's end (12 steps of 2 x 4 here).
-  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "r.json"))["resumed_from_step"], 24);
+  const auto report = nlohmann::json::parse(read_file(dir / "r.json"));
+  EXPECT_EQ(report["resumed_from_step"], 24);
+
+  // A job that fails after its last checkpoint (Note [A job that had
+  // ended]) is restarted from its last step: it runs no step, and every rank
+  // ends as the unbroken job, with its weights and their test accuracy.
+  CliRun done(dir, launch({"--max-restarts", "2"}, {"--checkpoint", "c.st", "--auto-resume", "--save", "w2.st",
+                                                    "--report", "r2.json"}));
+  ASSERT_EQ(done.wait(), 0) << done.err();
+  EXPECT_EQ(read_file(dir / "w2.st"), want) << "the ended job's weights differ from the unbroken job's";
+  const auto ended = nlohmann::json::parse(read_file(dir / "r2.json"));
+  EXPECT_EQ(ended["resumed_from_step"], 40);
+  EXPECT_EQ(ended["test_accuracy"], report["test_accuracy"]);
+  EXPECT_EQ(done.err().find("warning"), std::string::npos) << done.err();
 
   // Refused flags would be refused again: one run, not restarted.
   CliRun refused(run_dir("restart-refused"), launch({"--max-restarts", "2"}, {"--auto-resume"}));

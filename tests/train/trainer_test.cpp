@@ -258,6 +258,7 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     c.deterministic = k.deterministic;
     c.atom = 16;
     c.checkpoint_every = 7;
+    c.evaluate = true;  // the test accuracy of a run resumed at its end, below
     std::vector<float> final_state;
     struct Saved {
       std::int64_t steps_done = 0, optimizer_steps = 0;
@@ -303,6 +304,30 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     EXPECT_EQ(0, std::memcmp(r.params.data(), whole.params.data(), whole.params.size() * sizeof(float)));
     ASSERT_EQ(resumed_state.size(), final_state.size());
     EXPECT_EQ(0, std::memcmp(resumed_state.data(), final_state.data(), final_state.size() * sizeof(float)));
+
+    // From the last step's checkpoint (Note [A job that had ended]): no
+    // step runs, and the run ends with the unbroken run's weights and their
+    // test accuracy; its loss is not known.
+    const Saved& last = checkpoints.back();
+    auto ended = c;
+    ended.start_step = last.steps_done;
+    ended.initial_params = last.params;
+    ended.initial_buffers = last.buffers;
+    ended.initial_optimizer_state = last.state;
+    ended.initial_optimizer_steps = last.optimizer_steps;
+    TrainHooks none;
+    none.on_replica_step = [&](int, std::int64_t step, std::span<const float>, std::span<const float>) {
+      ADD_FAILURE() << "step " << step << " ran";
+    };
+    const auto e = train(ended, data, none);
+    EXPECT_EQ(e.steps, 40);
+    EXPECT_EQ(e.resumed_from_step, 40);
+    ASSERT_EQ(e.params.size(), whole.params.size());
+    EXPECT_EQ(0, std::memcmp(e.params.data(), whole.params.data(), whole.params.size() * sizeof(float)));
+    ASSERT_TRUE(whole.test_accuracy.has_value());
+    EXPECT_EQ(e.test_accuracy, whole.test_accuracy);
+    EXPECT_TRUE(std::isnan(e.final_loss)) << e.final_loss;
+    EXPECT_EQ(e.samples_per_s, 0);
   }
 }
 
@@ -600,14 +625,20 @@ TEST(Resume, ANonFiniteValueInACheckpointIsRefused) {
   std::filesystem::remove(path);
 }
 
-// A start past the run's end or without the state is refused.
+// A start past the run's end or without the state is refused (a start at
+// its end runs no step: FromACheckpointEndsAsTheUnbrokenRun).
 TEST(Resume, AStartPastTheEndOrWithoutTheStateIsRefused) {
   const auto data = synthetic_data(512);
   auto past = small_config(2, 16);
-  past.start_step = 20;  // the run has 20 steps
-  past.initial_params = std::vector<float>(1);
-  past.initial_optimizer_state = std::vector<float>(1);
-  EXPECT_THROW(train(past, data), InvalidArgument);
+  past.start_step = 21;  // the run has 20 steps
+  try {
+    train(past, data);
+    ADD_FAILURE() << "a start past the end was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("start_step (--resume) is 21 of a run of 20 steps: past the run's last step"),
+              std::string::npos)
+        << e.what();
+  }
   auto bare = small_config(2, 16);
   bare.start_step = 5;
   EXPECT_THROW(train(bare, data), InvalidArgument);

@@ -64,8 +64,12 @@ LoadedCheckpoint load_checkpoint_weights(const std::filesystem::path& path, cons
 // InvalidArgument names the first that differs, with both values. IoError if
 // the state that differs by replica is not there for each of this run's
 // replicas (with the same fields, only a damaged file lacks it).
-// `transport` as trajectory_fields() takes it.
+// `transport` as trajectory_fields() takes it. A checkpoint of a run that
+// had ended (its last step) is refused with InvalidArgument, unless `ended`
+// is Finish: then start_step is the run's last, and train() runs no step
+// but evaluates the weights (Note [A job that had ended]).
+enum class IfEnded { Refuse, Finish };
 void resume_from(TrainConfig& config, const data::ImageClassificationData& data, LoadedCheckpoint checkpoint,
-                 const std::string& transport = "threads");
+                 const std::string& transport = "threads", IfEnded ended = IfEnded::Refuse);
 
 }  // namespace lockstep::train

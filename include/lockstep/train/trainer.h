@@ -145,7 +145,9 @@ struct TrainConfig {
   // state (every slot laid out as the parameters; under --zero 1 each
   // replica keeps its own shard of it) and the optimizer's
   // count of steps taken (skipped steps are not). initial_params and
-  // initial_buffers hold its weights and buffers.
+  // initial_buffers hold its weights and buffers. start_step may be the
+  // run's last: no step runs, and the weights are evaluated (Note [A job
+  // that had ended]).
   std::int64_t start_step = 0;
   std::optional<std::vector<float>> initial_optimizer_state;
   std::int64_t initial_optimizer_steps = 0;
