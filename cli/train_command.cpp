@@ -727,15 +727,18 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   train::TrainHooks hooks{.on_progress = std::ref(printer),
                           .stop_requested = [&interrupt] { return interrupt.requested(); },
                           .on_warning = warn};
+  // Note [Checkpoints in the background] (src/train/checkpoint.cpp). Its
+  // destructor waits for the write under way, whatever ends the run.
+  std::unique_ptr<train::CheckpointWriter> checkpoints;
   if (!f.checkpoint_file.empty()) {
-    const auto fields = train::trajectory_fields(c, data, comm::to_string(backend_of(f.group)));
-    const std::string model = train::make_model(c, data.train.features, data.train.num_classes)->describe();
-    hooks.on_checkpoint = [&f, fields, model](const train::Checkpoint& cp) {
-      train::save_checkpoint(f.checkpoint_file, cp, fields, model);
-    };
+    checkpoints = std::make_unique<train::CheckpointWriter>(
+        f.checkpoint_file, train::trajectory_fields(c, data, comm::to_string(backend_of(f.group))),
+        train::make_model(c, data.train.features, data.train.num_classes)->describe());
+    hooks.on_checkpoint = [&checkpoints](const train::Checkpoint& cp) { checkpoints->write(cp); };
   }
   auto result =
       group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
+  if (checkpoints) checkpoints->finish();  // the last checkpoint is on disk before the run reports
   // Stopped by a signal: the outputs are written, and the exit status says
   // the run did not finish (128 + the signal, as the shell would show).
   const int exit_code = result.stopped_early && interrupt.signal() != 0 ? 128 + interrupt.signal() : 0;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -623,6 +624,64 @@ TEST(Resume, ANonFiniteValueInACheckpointIsRefused) {
         << e.what();
   }
   std::filesystem::remove(path);
+}
+
+// Note [Checkpoints in the background]: CheckpointWriter writes the bytes
+// save_checkpoint writes in the step, and a write that fails is reported, by
+// the next write() and by finish(). (Whether it writes its own copy, and not
+// the arenas the run trains on, this cannot tell: a model this small is
+// written before the next step changes them.)
+TEST(Resume, TheBackgroundWriterWritesWhatTheStepHadAndReportsAFailure) {
+  const auto data = synthetic_data(512);
+  auto c = small_config(2, 16);
+  c.steps = 12;
+  c.compression = ddp::Compression::Bf16;  // per-replica parts too
+  c.checkpoint_every = 4;
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_background_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto fields = trajectory_fields(c, data);
+  CheckpointWriter writer(dir / "background.st", fields, "mlp");
+  CheckpointWriter failing(dir / "no-such-dir" / "c.st", fields, "mlp");
+  std::string next_write_error;
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint& cp) {
+    if (cp.steps_done == 8) {  // the next write reports the failed one, and starts none
+      try {
+        failing.write(cp);
+      } catch (const IoError& e) {
+        next_write_error = e.what();
+      }
+    }
+    if (cp.steps_done != 4) return;
+    save_checkpoint(dir / "in-step.st", cp, fields, "mlp");
+    writer.write(cp);
+    failing.write(cp);
+  };
+  train(c, data, hooks);
+  EXPECT_NE(next_write_error.find("no-such-dir"), std::string::npos) << next_write_error;
+  writer.finish();
+  const auto read = [&](const char* name) {
+    std::ifstream in(dir / name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_FALSE(read("in-step.st").empty());
+  EXPECT_EQ(read("background.st"), read("in-step.st")) << "the background write differs from the step's";
+  failing.finish();  // reported once; nothing under way since
+
+  CheckpointWriter unreported(dir / "no-such-dir" / "c.st", fields, "mlp");
+  TrainHooks once;
+  once.on_checkpoint = [&](const Checkpoint& cp) {
+    if (cp.steps_done == 12) unreported.write(cp);
+  };
+  train(c, data, once);
+  try {
+    unreported.finish();
+    ADD_FAILURE() << "a write into a missing directory was reported as done";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-dir"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A start past the run's end or without the state is refused (a start at

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <future>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,33 @@ bool is_checkpoint(const std::filesystem::path& path);
 // `fields`: trajectory_fields() of the run. Throws IoError naming the path.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint,
                      const std::vector<std::pair<std::string, std::string>>& fields, const std::string& model);
+
+// Writes checkpoints on a thread of its own (Note [Checkpoints in the
+// background]): write() copies what the checkpoint's spans point at and
+// returns, and the file is written, fsync'ed and renamed into place while the
+// replicas train on. One write at a time: write() first waits for the one
+// before, and throws its IoError. finish() waits for the last and throws its
+// error; the destructor waits too (a run that fails still leaves its last
+// checkpoint whole) but cannot report, so call finish() when the run ends.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path path, std::vector<std::pair<std::string, std::string>> fields,
+                   std::string model);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void write(const Checkpoint& checkpoint);
+  void finish();
+
+ private:
+  struct Staged;
+  std::filesystem::path path_;
+  std::vector<std::pair<std::string, std::string>> fields_;
+  std::string model_;
+  std::unique_ptr<Staged> staged_;  // the copy being written: owned here, reused
+  std::future<void> writing_;
+};
 
 struct LoadedCheckpoint {
   std::int64_t steps_done = 0, steps_planned = 0, optimizer_steps = 0;
