@@ -15,6 +15,7 @@
 // native times the transport library's own all-reduce.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -70,8 +71,16 @@ std::size_t parse_size(const std::string& s) {
   if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
   }
+  // The cast truncates: "4.5" was timed as 4 bytes and "1e-9" as 0, each
+  // printed as if asked for.
+  if (v * mult != std::floor(v * mult)) {
+    throw InvalidArgument("--sizes: " + s +
+                          " is not a whole number of bytes; give whole bytes, such as 4K or 1536.");
+  }
   const auto bytes = static_cast<std::size_t>(v * mult);
-  if (bytes % sizeof(float) != 0) throw InvalidArgument("--sizes: " + s + " is not a whole number of floats");
+  if (bytes % sizeof(float) != 0) {
+    throw InvalidArgument("--sizes: " + s + " is not a whole number of floats; give a multiple of 4 bytes.");
+  }
   return bytes;
 }
 
@@ -234,7 +243,8 @@ Action add_bench_allreduce_command(CLI::App& bench) {
       bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
   cmd->option_defaults()->always_capture_default();
   flags->cmd = cmd;
-  cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
+  cmd->add_option("--sizes", flags->sizes,
+                  "Bytes per rank, comma-separated (K, M, G, T suffixes: powers of 1024)");
   cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
       ->transform(whole_number_in(1, 1024))
       ->each([flags](const std::string&) { flags->replicas_given = true; });

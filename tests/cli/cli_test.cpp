@@ -1173,6 +1173,27 @@ TEST(Cli, BenchTrainReportsEveryConfigurationAndItsMatmulBound) {
   EXPECT_DOUBLE_EQ(best, 1.0);
 }
 
+// --sizes are whole bytes: "4.5" was timed as 4 bytes and "1e-9" as 0, and
+// each row printed as if it were the size asked for.
+TEST(Cli, BenchAllreduceRefusesSizesThatAreNotWholeBytes) {
+  for (const std::string size : {"4.5", "1e-9", "1.0001K"}) {
+    const CliRun r = run("bench allreduce --replicas 2 --repeats 1 --sizes 4K," + size);
+    EXPECT_EQ(r.code, 2) << size << ":\n" << r.output;
+    EXPECT_NE(r.output.find("--sizes: " + size + " is not a whole number of bytes; give whole bytes"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << r.output;
+  }
+  const CliRun odd = run("bench allreduce --replicas 2 --repeats 1 --sizes 6");
+  EXPECT_EQ(odd.code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("6 is not a whole number of floats; give a multiple of 4 bytes"), std::string::npos)
+      << odd.output;
+  // A fraction of a unit that is whole bytes is one.
+  const CliRun whole = run("bench allreduce --replicas 2 --repeats 1 --sizes 1.5K --json");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_EQ(nlohmann::json::parse(whole.output)[0]["bytes"], 1536) << whole.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
