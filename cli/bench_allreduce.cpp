@@ -172,6 +172,15 @@ int run(const Flags& f) {
   }
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const bool threads = backend_of(f.group) == comm::Backend::Threads;
+  // An all-reduce over one rank returns at once, moving nothing: its rows
+  // gave a busbw of 0 and a memory-traffic ratio of 4 to 5, "faster than
+  // memcpy", for a call that does no work.
+  const std::string alone =
+      "an all-reduce over one rank returns at once and moves nothing, so there is nothing to time; ";
+  if (threads && f.replicas < 2) {
+    throw InvalidArgument("bench allreduce needs 2 or more replicas: " + alone +
+                          "give --replicas 2 or more.");
+  }
   check_group_flags(*f.cmd, f.group);
   check_nodes(f.group, f.replicas, algorithm, /*modelled_link=*/std::nullopt);
   if (threads && algorithm == comm::Algorithm::Native) {  // before anything is measured or printed
@@ -189,6 +198,10 @@ int run(const Flags& f) {
       threads ? *comm::make_thread_group({.world_size = f.replicas, .ranks_per_node = f.group.per_node}).front()
               : *group,
       algorithm);
+  if (!threads && group->size() < 2) {
+    throw InvalidArgument("bench allreduce needs a process group of 2 or more ranks: " + alone +
+                          "start 2 or more (--world-size, lockstep launch --nproc).");
+  }
   if (!threads && f.replicas_given && f.replicas != group->size()) {  // as train: it may only agree
     comm::refuse_call(*group, "--replicas " + std::to_string(f.replicas) + " does not match the world size " +
                                   std::to_string(group->size()) + " of the process group; leave --replicas out.");
@@ -245,7 +258,8 @@ Action add_bench_allreduce_command(CLI::App& bench) {
   flags->cmd = cmd;
   cmd->add_option("--sizes", flags->sizes,
                   "Bytes per rank, comma-separated (K, M, G, T suffixes: powers of 1024)");
-  cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
+  cmd->add_option("--replicas", flags->replicas,
+                  "Number of in-process replicas, 2 or more (--backend threads)")
       ->transform(whole_number_in(1, 1024))
       ->each([flags](const std::string&) { flags->replicas_given = true; });
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")

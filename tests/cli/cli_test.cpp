@@ -1194,6 +1194,19 @@ TEST(Cli, BenchAllreduceRefusesSizesThatAreNotWholeBytes) {
   EXPECT_EQ(nlohmann::json::parse(whole.output)[0]["bytes"], 1536) << whole.output;
 }
 
+// An all-reduce over one replica returns at once: its row had a busbw of 0
+// and a memory-traffic ratio above 1, "faster than memcpy", for no work.
+// (A process group of one: LaunchTrain.BenchAllreduceOfOneRankIsRefused.)
+TEST(Cli, BenchAllreduceRefusesOneReplica) {
+  const CliRun r = run("bench allreduce --replicas 1 --repeats 1 --sizes 4K --json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("bench allreduce needs 2 or more replicas: an all-reduce over one rank returns at once"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("give --replicas 2 or more"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << r.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
