@@ -85,6 +85,12 @@ int run_bench_overlap(const OverlapFlags& f) {
   if (f.replicas < 2) {
     throw InvalidArgument("bench overlap needs at least 2 replicas: with one there is no all-reduce to overlap.");
   }
+  // The bucketed arms with --bucket-mb 0 are one bucket after backward, the
+  // arm they are compared with: the ratios compared the same run with itself.
+  if (f.bucket_mb == 0) {
+    throw InvalidArgument("--bucket-mb 0 makes the bucketed arms one bucket after backward, the same as the "
+                          "arm they are compared with; give a bucket size above 0 (the default is 25).");
+  }
   const auto data = load_data(f.data_dir);
   comm::LinkModel link{
       comm::parse_bandwidth(f.link_bandwidth),
@@ -147,6 +153,10 @@ int run_bench_overlap(const OverlapFlags& f) {
                   t.exposed_comm_ms, 100 * t.overlap_fraction, (unsigned long long)arm.bytes_per_step);
     }
     std::printf("  (wait: the part of comm spent waiting for the last replica to start each all-reduce)\n");
+    if (arms[0].buckets == 1) {  // the model's gradients fit in the first bucket
+      std::printf("  note: the default buckets are one bucket for this model (its gradients fit in "
+                  "--first-bucket-mb),\n        so the two arms ran the same way and their ratio is noise\n");
+    }
     std::printf(
         "  step time, default buckets / one bucket: %.3f;  exposed / comm with default buckets: %.3f\n\n",
         on.step_ms / off.step_ms, on.exposed_comm_ms / on.comm_ms);
@@ -177,7 +187,7 @@ Action add_bench_overlap_command(CLI::App& bench) {
       ->check(not_empty());
   cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency")
       ->check(not_empty());
-  cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB)")
+  cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB), above 0")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", flags->first_bucket_mb, "First bucket size (MiB)")
       ->check(number_in(0.0, 1e6));

@@ -1207,6 +1207,27 @@ TEST(Cli, BenchAllreduceRefusesOneReplica) {
   EXPECT_EQ(r.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << r.output;
 }
 
+// bench overlap's headline ratios set the bucketed arms against one bucket.
+// With --bucket-mb 0 the bucketed arms were one bucket too: the same run
+// compared with itself, printed as a result. And where the model's gradients
+// fit in the first bucket, the table says that the two arms ran alike.
+TEST(Cli, BenchOverlapDoesNotCompareOneBucketWithItselfSilently) {
+  const fs::path data = make_data_dir("bench_overlap_buckets", 512);
+  const std::string common =
+      "bench overlap --data " + data.string() + " --hidden 8 --replicas 2 --steps 2 --repeats 1";
+  const CliRun zero = run(common + " --bucket-mb 0");
+  EXPECT_EQ(zero.code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--bucket-mb 0 makes the bucketed arms one bucket after backward, the same as "
+                             "the arm they are compared with; give a bucket size above 0"),
+            std::string::npos)
+      << zero.output;
+  EXPECT_EQ(zero.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << zero.output;
+  const CliRun small = run(common);
+  ASSERT_EQ(small.code, 0) << small.output;
+  EXPECT_NE(small.output.find("note: the default buckets are one bucket for this model"), std::string::npos)
+      << small.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
