@@ -1222,6 +1222,14 @@ TEST(Cli, BenchOverlapDoesNotCompareOneBucketWithItselfSilently) {
             std::string::npos)
       << zero.output;
   EXPECT_EQ(zero.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << zero.output;
+  // Under a byte, which the reducer read as 0: the same, in lockstep train too.
+  const CliRun tiny = run(common + " --bucket-mb 1e-7");
+  EXPECT_EQ(tiny.code, 2) << tiny.output;
+  EXPECT_NE(tiny.output.find("--bucket-mb 1e-07 is under one byte, which would read as 0, one bucket after "
+                             "backward"),
+            std::string::npos)
+      << tiny.output;
+  EXPECT_EQ(tiny.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << tiny.output;
   const CliRun small = run(common);
   ASSERT_EQ(small.code, 0) << small.output;
   EXPECT_NE(small.output.find("note: the default buckets are one bucket for this model"), std::string::npos)
