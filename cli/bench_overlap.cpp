@@ -96,11 +96,15 @@ int run_bench_overlap(const OverlapFlags& f) {
       comm::parse_bandwidth(f.link_bandwidth),
       std::chrono::duration_cast<std::chrono::nanoseconds>(comm::parse_latency(f.link_latency))};
   // Every run's config is checked before the first starts: a sweep arm the
-  // data cannot hold fails now, not minutes in.
+  // data cannot hold fails now, not minutes in; and so does one whose
+  // replicas would not fit in memory (--hidden 30000,30000 is ~90 GB for 8
+  // replicas, and the kernel's OOM killer ended such a run without a word).
   for (const auto& hidden : f.hidden) {
     for (const auto& arm : arms_of(f)) {
       try {
-        train::total_steps(config_of(f, hidden, arm, link), data);
+        const train::TrainConfig c = config_of(f, hidden, arm, link);
+        train::total_steps(c, data);
+        check_memory(c, data, c.replicas);
       } catch (const InvalidArgument& e) {
         if (arm.micro_batch == f.micro_batch) throw;
         throw InvalidArgument("bench overlap also runs " + arm.name + " (its sweep: 16, 64 and 128): " + e.what());

@@ -1236,6 +1236,29 @@ TEST(Cli, BenchOverlapDoesNotCompareOneBucketWithItselfSilently) {
       << small.output;
 }
 
+// The benchmarks that train check memory as lockstep train does, before
+// anything runs: bench overlap's --hidden, or bench train's eight replicas of
+// a first layer of features x 512, ran until the kernel's OOM killer ended them.
+TEST(Cli, BenchOverlapAndTrainRefuseRunsThatDoNotFitInMemory) {
+  ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "3e8", 1);
+  // 16 features: 16 M parameters x 2 replicas x 3 copies is ~390 MB.
+  const CliRun overlap = run("bench overlap --data " + make_data_dir("bench_overlap_memory", 512).string() +
+                             " --hidden 4000,4000 --replicas 2 --steps 2 --repeats 1 --micro-batch 8");
+  // 100 x 100 images: 5.4 M parameters x 8 replicas x 3 copies is ~520 MB.
+  const CliRun bench = run("bench train --data " + make_data_dir("bench_train_memory", 512, 0, 100).string() +
+                           " --steps 2 --warmup 0 --repeats 1");
+  ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+  EXPECT_EQ(overlap.code, 2) << overlap.output;
+  EXPECT_NE(overlap.output.find("for 2 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << overlap.output;
+  EXPECT_NE(overlap.output.find("and it has 300 MB free"), std::string::npos) << overlap.output;
+  EXPECT_EQ(overlap.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << overlap.output;
+  EXPECT_EQ(bench.code, 2) << bench.output;
+  EXPECT_NE(bench.output.find("for 8 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << bench.output;
+  EXPECT_EQ(bench.output.find("peak sgemm"), std::string::npos) << "ran before refusing:\n" << bench.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
