@@ -4,10 +4,10 @@
 // with the default buckets and with --bucket-mb 0 (one all-reduce after
 // backward), `repeats` times each, interleaved, and reports the medians of
 // the per-step step, compute, communication and exposed-communication times.
-// Then it runs micro-batches 16..128 and reports the gradient bytes sent per
-// step (measured at the communicator) against the compute time: bytes stay,
-// compute grows. Models: the MLP given by --hidden (default: 1024,1024,1024
-// and the default 512,512).
+// Then it runs micro-batches 16..128, once each, and reports the gradient
+// bytes sent per step (measured at the communicator) against the compute
+// time: bytes stay, compute grows. Models: the MLP given by --hidden
+// (default: 1024,1024,1024 and the default 512,512).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -130,6 +130,7 @@ int run_bench_overlap(const OverlapFlags& f) {
         const auto t = arm.median_times();
         rows.push_back({{"arm", arm.name},
                         {"micro_batch", arm.micro_batch},
+                        {"runs", arm.runs.size()},
                         {"buckets", arm.buckets},
                         {"step_ms", t.step_ms},
                         {"compute_ms", t.compute_ms},
@@ -146,8 +147,9 @@ int run_bench_overlap(const OverlapFlags& f) {
                      {"arms", rows}});
       continue;
     }
-    std::printf("MLP hidden %s, %d replicas, link %s; medians over %lld steps x %d runs\n", hidden.c_str(),
-                f.replicas, link.describe().c_str(), (long long)f.steps, f.repeats);
+    std::printf("MLP hidden %s, %d replicas, link %s; medians over %lld steps x %d runs (the micro-batch "
+                "sweep: 1 run)\n",
+                hidden.c_str(), f.replicas, link.describe().c_str(), (long long)f.steps, f.repeats);
     std::printf("  %-18s %6s %8s %9s %10s %8s %8s %10s %8s %12s\n", "arm", "micro", "buckets", "step ms",
                 "compute ms", "comm ms", "wait ms", "exposed ms", "overlap", "bytes/step");
     for (const auto& arm : arms) {
@@ -185,7 +187,9 @@ Action add_bench_overlap_command(CLI::App& bench) {
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--steps", flags->steps, "Steps per run")
       ->transform(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
-  cmd->add_option("--repeats", flags->repeats, "Runs per arm; the median is reported")
+  cmd->add_option("--repeats", flags->repeats,
+                  "Runs of each arm of the bucket comparison (the micro-batch sweep runs once); the median "
+                  "is reported")
       ->transform(whole_number_in(1, 100));
   cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth")
       ->check(not_empty());

@@ -1259,6 +1259,27 @@ TEST(Cli, BenchOverlapAndTrainRefuseRunsThatDoNotFitInMemory) {
   EXPECT_EQ(bench.output.find("peak sgemm"), std::string::npos) << "ran before refusing:\n" << bench.output;
 }
 
+// --repeats runs the bucket comparison's two arms; the micro-batch sweep,
+// which is there for its bytes per step, runs once. The help, the table and
+// the JSON said or implied "the median of --repeats runs" for every arm.
+TEST(Cli, BenchOverlapSaysHowManyRunsEachArmHad) {
+  const fs::path data = make_data_dir("bench_overlap_runs", 512);
+  const CliRun r = run("bench overlap --data " + data.string() +
+                       " --hidden 8 --replicas 2 --steps 2 --repeats 2 --micro-batch 16 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto arms = nlohmann::json::parse(r.output)[0]["arms"];
+  ASSERT_EQ(arms.size(), 4u) << r.output;
+  EXPECT_EQ(arms[0].value("runs", -1), 2) << arms[0];
+  EXPECT_EQ(arms[1].value("runs", -1), 2) << arms[1];
+  EXPECT_EQ(arms[2].value("runs", -1), 1) << arms[2];
+  EXPECT_EQ(arms[3].value("runs", -1), 1) << arms[3];
+  const CliRun table = run("bench overlap --data " + data.string() + " --hidden 8 --replicas 2 --steps 2");
+  ASSERT_EQ(table.code, 0) << table.output;
+  EXPECT_NE(table.output.find("x 3 runs (the micro-batch sweep: 1 run)"), std::string::npos) << table.output;
+  const CliRun help = run("bench overlap --help");
+  EXPECT_NE(help.output.find("(the micro-batch sweep runs once)"), std::string::npos) << help.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
