@@ -1280,6 +1280,18 @@ TEST(Cli, BenchOverlapSaysHowManyRunsEachArmHad) {
   EXPECT_NE(help.output.find("(the micro-batch sweep runs once)"), std::string::npos) << help.output;
 }
 
+// --timeout holds for in-process replicas as for a process group (it was
+// left at the default 60 s), and the error is the timeout itself, exit 1, not
+// rank 0's "communicator aborted" (exit 3, another rank of a process group
+// failed). A 1 ms limit cannot be met here: in a 16 MiB naive all-reduce over
+// 8 replicas, rank 0 sums 112 MiB before any other rank hears back.
+TEST(Cli, BenchAllreduceHoldsInProcessReplicasToTimeout) {
+  const CliRun r = run("bench allreduce --sizes 16M --replicas 8 --repeats 1 --algorithm naive --timeout 0.001");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("timed out after 1 ms"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("communicator aborted"), std::string::npos) << r.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;
