@@ -15,6 +15,7 @@
 // native times the transport library's own all-reduce.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -70,8 +71,16 @@ std::size_t parse_size(const std::string& s) {
   if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
   }
+  // The cast truncates: "4.5" was timed as 4 bytes and "1e-9" as 0, each
+  // printed as if asked for.
+  if (v * mult != std::floor(v * mult)) {
+    throw InvalidArgument("--sizes: " + s +
+                          " is not a whole number of bytes; give whole bytes, such as 4K or 1536.");
+  }
   const auto bytes = static_cast<std::size_t>(v * mult);
-  if (bytes % sizeof(float) != 0) throw InvalidArgument("--sizes: " + s + " is not a whole number of floats");
+  if (bytes % sizeof(float) != 0) {
+    throw InvalidArgument("--sizes: " + s + " is not a whole number of floats; give a multiple of 4 bytes.");
+  }
   return bytes;
 }
 
@@ -112,9 +121,19 @@ void time_on_rank(comm::Communicator& c, std::size_t bytes, comm::Algorithm algo
   }
 }
 
-// Median seconds of one all-reduce of `bytes` per rank on `n` in-process replicas.
-double time_allreduce(int n, int per_node, std::size_t bytes, comm::Algorithm algorithm, int repeats, bool verify) {
-  auto comms = comm::make_thread_group({.world_size = n, .ranks_per_node = per_node});
+// The in-process group of `f`: --timeout applies to it as to a process
+// group's (it was left at the default 60 s, whatever --timeout said).
+comm::ThreadGroupOptions thread_group_options(const Flags& f) {
+  return {.world_size = f.replicas,
+          .timeout = comm::Duration(static_cast<std::int64_t>(std::ceil(f.group.timeout_s * 1000))),
+          .ranks_per_node = f.group.per_node};
+}
+
+// Median seconds of one all-reduce of `bytes` per rank on in-process replicas.
+double time_allreduce(const comm::ThreadGroupOptions& group, std::size_t bytes, comm::Algorithm algorithm,
+                      int repeats, bool verify) {
+  const int n = group.world_size;
+  auto comms = comm::make_thread_group(group);
   repeats = adaptive_repeats(bytes, n, repeats);
   std::vector<double> samples(repeats);
   std::vector<std::exception_ptr> errors(n);
@@ -131,6 +150,18 @@ double time_allreduce(int n, int per_node, std::size_t bytes, comm::Algorithm al
     });
   }
   for (auto& t : threads) t.join();
+  // The first error that is not a consequence of another replica's abort
+  // (as the trainer does): rank 0's CommAborted hid a rank's timeout, and
+  // exited 3, "stopped because another rank of a process group failed".
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommAborted&) {
+    } catch (...) {
+      throw;
+    }
+  }
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return median(samples);
@@ -163,6 +194,15 @@ int run(const Flags& f) {
   }
   const auto algorithm = comm::algorithm_from_string(f.algorithm);
   const bool threads = backend_of(f.group) == comm::Backend::Threads;
+  // An all-reduce over one rank returns at once, moving nothing: its rows
+  // gave a busbw of 0 and a memory-traffic ratio of 4 to 5, "faster than
+  // memcpy", for a call that does no work.
+  const std::string alone =
+      "an all-reduce over one rank returns at once and moves nothing, so there is nothing to time; ";
+  if (threads && f.replicas < 2) {
+    throw InvalidArgument("bench allreduce needs 2 or more replicas: " + alone +
+                          "give --replicas 2 or more.");
+  }
   check_group_flags(*f.cmd, f.group);
   check_nodes(f.group, f.replicas, algorithm, /*modelled_link=*/std::nullopt);
   if (threads && algorithm == comm::Algorithm::Native) {  // before anything is measured or printed
@@ -177,9 +217,13 @@ int run(const Flags& f) {
   // What the algorithm needs of the group (a power of two for the tree, ...),
   // before anything is measured or printed.
   comm::check_algorithm(
-      threads ? *comm::make_thread_group({.world_size = f.replicas, .ranks_per_node = f.group.per_node}).front()
+      threads ? *comm::make_thread_group(thread_group_options(f)).front()
               : *group,
       algorithm);
+  if (!threads && group->size() < 2) {
+    throw InvalidArgument("bench allreduce needs a process group of 2 or more ranks: " + alone +
+                          "start 2 or more (--world-size, lockstep launch --nproc).");
+  }
   if (!threads && f.replicas_given && f.replicas != group->size()) {  // as train: it may only agree
     comm::refuse_call(*group, "--replicas " + std::to_string(f.replicas) + " does not match the world size " +
                                   std::to_string(group->size()) + " of the process group; leave --replicas out.");
@@ -201,7 +245,7 @@ int run(const Flags& f) {
   for (std::size_t bytes : sizes) {
     double t = 0;
     if (threads) {
-      t = time_allreduce(n, f.group.per_node, bytes, algorithm, f.repeats, !f.no_verify);
+      t = time_allreduce(thread_group_options(f), bytes, algorithm, f.repeats, !f.no_verify);
     } else {
       std::vector<double> samples(adaptive_repeats(bytes, n, f.repeats));
       time_on_rank(*group, bytes, algorithm, static_cast<int>(samples.size()), !f.no_verify, &samples);
@@ -234,8 +278,10 @@ Action add_bench_allreduce_command(CLI::App& bench) {
       bench.add_subcommand("allreduce", "All-reduce time, algbw, busbw and memory-traffic ratio by size");
   cmd->option_defaults()->always_capture_default();
   flags->cmd = cmd;
-  cmd->add_option("--sizes", flags->sizes, "Bytes per rank, comma-separated (K, M, G suffixes)");
-  cmd->add_option("--replicas", flags->replicas, "Number of in-process replicas (--backend threads)")
+  cmd->add_option("--sizes", flags->sizes,
+                  "Bytes per rank, comma-separated (K, M, G, T suffixes: powers of 1024)");
+  cmd->add_option("--replicas", flags->replicas,
+                  "Number of in-process replicas, 2 or more (--backend threads)")
       ->transform(whole_number_in(1, 1024))
       ->each([flags](const std::string&) { flags->replicas_given = true; });
   cmd->add_option("--algorithm", flags->algorithm, "All-reduce algorithm")

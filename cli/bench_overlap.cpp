@@ -4,10 +4,10 @@
 // with the default buckets and with --bucket-mb 0 (one all-reduce after
 // backward), `repeats` times each, interleaved, and reports the medians of
 // the per-step step, compute, communication and exposed-communication times.
-// Then it runs micro-batches 16..128 and reports the gradient bytes sent per
-// step (measured at the communicator) against the compute time: bytes stay,
-// compute grows. Models: the MLP given by --hidden (default: 1024,1024,1024
-// and the default 512,512).
+// Then it runs micro-batches 16..128, once each, and reports the gradient
+// bytes sent per step (measured at the communicator) against the compute
+// time: bytes stay, compute grows. Models: the MLP given by --hidden
+// (default: 1024,1024,1024 and the default 512,512).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -85,16 +85,26 @@ int run_bench_overlap(const OverlapFlags& f) {
   if (f.replicas < 2) {
     throw InvalidArgument("bench overlap needs at least 2 replicas: with one there is no all-reduce to overlap.");
   }
+  // The bucketed arms with --bucket-mb 0 are one bucket after backward, the
+  // arm they are compared with: the ratios compared the same run with itself.
+  if (f.bucket_mb == 0) {
+    throw InvalidArgument("--bucket-mb 0 makes the bucketed arms one bucket after backward, the same as the "
+                          "arm they are compared with; give a bucket size above 0 (the default is 25).");
+  }
   const auto data = load_data(f.data_dir);
   comm::LinkModel link{
       comm::parse_bandwidth(f.link_bandwidth),
       std::chrono::duration_cast<std::chrono::nanoseconds>(comm::parse_latency(f.link_latency))};
   // Every run's config is checked before the first starts: a sweep arm the
-  // data cannot hold fails now, not minutes in.
+  // data cannot hold fails now, not minutes in; and so does one whose
+  // replicas would not fit in memory (--hidden 30000,30000 is ~90 GB for 8
+  // replicas, and the kernel's OOM killer ended such a run without a word).
   for (const auto& hidden : f.hidden) {
     for (const auto& arm : arms_of(f)) {
       try {
-        train::total_steps(config_of(f, hidden, arm, link), data);
+        const train::TrainConfig c = config_of(f, hidden, arm, link);
+        train::total_steps(c, data);
+        check_memory(c, data, c.replicas);
       } catch (const InvalidArgument& e) {
         if (arm.micro_batch == f.micro_batch) throw;
         throw InvalidArgument("bench overlap also runs " + arm.name + " (its sweep: 16, 64 and 128): " + e.what());
@@ -120,6 +130,7 @@ int run_bench_overlap(const OverlapFlags& f) {
         const auto t = arm.median_times();
         rows.push_back({{"arm", arm.name},
                         {"micro_batch", arm.micro_batch},
+                        {"runs", arm.runs.size()},
                         {"buckets", arm.buckets},
                         {"step_ms", t.step_ms},
                         {"compute_ms", t.compute_ms},
@@ -136,8 +147,9 @@ int run_bench_overlap(const OverlapFlags& f) {
                      {"arms", rows}});
       continue;
     }
-    std::printf("MLP hidden %s, %d replicas, link %s; medians over %lld steps x %d runs\n", hidden.c_str(),
-                f.replicas, link.describe().c_str(), (long long)f.steps, f.repeats);
+    std::printf("MLP hidden %s, %d replicas, link %s; medians over %lld steps x %d runs (the micro-batch "
+                "sweep: 1 run)\n",
+                hidden.c_str(), f.replicas, link.describe().c_str(), (long long)f.steps, f.repeats);
     std::printf("  %-18s %6s %8s %9s %10s %8s %8s %10s %8s %12s\n", "arm", "micro", "buckets", "step ms",
                 "compute ms", "comm ms", "wait ms", "exposed ms", "overlap", "bytes/step");
     for (const auto& arm : arms) {
@@ -147,6 +159,10 @@ int run_bench_overlap(const OverlapFlags& f) {
                   t.exposed_comm_ms, 100 * t.overlap_fraction, (unsigned long long)arm.bytes_per_step);
     }
     std::printf("  (wait: the part of comm spent waiting for the last replica to start each all-reduce)\n");
+    if (arms[0].buckets == 1) {  // the model's gradients fit in the first bucket
+      std::printf("  note: the default buckets are one bucket for this model (its gradients fit in "
+                  "--first-bucket-mb),\n        so the two arms ran the same way and their ratio is noise\n");
+    }
     std::printf(
         "  step time, default buckets / one bucket: %.3f;  exposed / comm with default buckets: %.3f\n\n",
         on.step_ms / off.step_ms, on.exposed_comm_ms / on.comm_ms);
@@ -171,13 +187,15 @@ Action add_bench_overlap_command(CLI::App& bench) {
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_option("--steps", flags->steps, "Steps per run")
       ->transform(whole_number_in(std::int64_t{2}, std::int64_t{1} << 20));
-  cmd->add_option("--repeats", flags->repeats, "Runs per arm; the median is reported")
+  cmd->add_option("--repeats", flags->repeats,
+                  "Runs of each arm of the bucket comparison (the micro-batch sweep runs once); the median "
+                  "is reported")
       ->transform(whole_number_in(1, 100));
   cmd->add_option("--link-bandwidth", flags->link_bandwidth, "Modelled link bandwidth")
       ->check(not_empty());
   cmd->add_option("--link-latency", flags->link_latency, "Modelled per-message latency")
       ->check(not_empty());
-  cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB)")
+  cmd->add_option("--bucket-mb", flags->bucket_mb, "Bucket size of the bucketed arms (MiB), above 0")
       ->check(number_in(0.0, 1e6));
   cmd->add_option("--first-bucket-mb", flags->first_bucket_mb, "First bucket size (MiB)")
       ->check(number_in(0.0, 1e6));

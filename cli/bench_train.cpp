@@ -119,7 +119,6 @@ int run_bench_train(const BenchFlags& f) {
                           " has " + std::to_string(data.train.size) + " training samples; give --data a larger set.");
   }
   const HostCores host = host_cores();
-  const double peak = measure_peak_sgemm_flops(host);
   struct Row {
     int replicas;
     std::int64_t micro_batch;
@@ -128,6 +127,24 @@ int run_bench_train(const BenchFlags& f) {
     double median = 0, mfu = 0, matmul_median = 0;
   };
   std::vector<Row> rows = {{8, 32, {}, {}}, {2, 32, {}, {}}, {2, 128, {}, {}}, {1, 256, {}, {}}};
+  auto config_of = [&](const Row& row) {
+    train::TrainConfig c;
+    c.cores = host.process;
+    c.replicas = row.replicas;
+    c.micro_batch = row.micro_batch;
+    c.steps = f.warmup + f.steps;
+    c.warmup_steps = f.warmup;
+    c.evaluate = false;
+    c.log_every = 1 << 30;
+    c.stop_poll_ms = 1e12;  // and no stop votes between: nothing but the step is timed
+    c.zero = row.replicas > 1 ? f.zero : 0;  // one replica has nothing to shard
+    return c;
+  };
+  // Before anything is measured: eight replicas of the default MLP on a data
+  // set of large inputs (its first layer is features x 512) may not fit, and
+  // the kernel's OOM killer ended such a run without a word.
+  for (const auto& row : rows) check_memory(config_of(row), data, row.replicas);
+  const double peak = measure_peak_sgemm_flops(host);
   std::vector<std::int64_t> dims = {data.train.features};
   const train::TrainConfig defaults;
   dims.insert(dims.end(), defaults.hidden.begin(), defaults.hidden.end());
@@ -138,17 +155,8 @@ int run_bench_train(const BenchFlags& f) {
       row.matmul_samples_per_s.push_back(
           matmul_samples_per_s(dims, row.replicas, row.micro_batch, f.steps * 256 / (row.replicas * row.micro_batch),
                                host.process));
-      train::TrainConfig c;
-      c.cores = host.process;
-      c.replicas = row.replicas;
-      c.micro_batch = row.micro_batch;
-      c.steps = f.warmup + f.steps;
-      c.warmup_steps = f.warmup;
-      c.evaluate = false;
-      c.log_every = 1 << 30;
-      c.stop_poll_ms = 1e12;  // and no stop votes between: nothing but the step is timed
+      train::TrainConfig c = config_of(row);
       c.peak_flops = peak;
-      c.zero = row.replicas > 1 ? f.zero : 0;  // one replica has nothing to shard
       const auto r = train::train(c, data);
       row.samples_per_s.push_back(r.samples_per_s);
       flops_per_sample = r.flops_per_sample;

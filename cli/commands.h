@@ -8,6 +8,13 @@
 #include <string>
 #include <vector>
 
+namespace lockstep::data {
+struct ImageClassificationData;
+}
+namespace lockstep::train {
+struct TrainConfig;
+}
+
 namespace lockstep::cli {
 
 using Action = std::function<int()>;
@@ -23,6 +30,12 @@ inline constexpr int kExitRefused = 2;
 
 // "512,512" -> {512, 512}; throws InvalidArgument naming the flag (train_command.cpp).
 std::vector<std::int64_t> parse_hidden(const std::string& text);
+
+// Refuses a run (InvalidArgument naming the flags to lower) whose
+// `replicas_here` replicas' weights, gradients, optimizer state and
+// activations are more than this host has free: the kernel's OOM killer
+// would end it part way, without a word (train_command.cpp).
+void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here);
 
 Action add_train_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);  // bench_command.cpp: the `bench` group

@@ -262,6 +262,8 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
   }
 }
 
+}  // namespace
+
 // Every replica holds its weights, gradients and optimizer state (and, with
 // --compress bf16, its error feedback and a bf16 copy), and the MLP's
 // activations of a micro-batch (each Linear's input and output, a lower
@@ -300,6 +302,8 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
     throw InvalidArgument(text);
   }
 }
+
+namespace {
 
 // The ranks of a process group on this host: LOCAL_WORLD_SIZE (or mpirun's
 // OMPI_COMM_WORLD_LOCAL_SIZE) when set, else the ranks the group found on

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -40,6 +41,23 @@ std::size_t mib_to_bytes(double mb, const char* what) {
     throw InvalidArgument(std::string(what) + " must be between 0 and 1e6 MiB, got " + std::to_string(mb));
   }
   return static_cast<std::size_t>(mb * double(1 << 20));
+}
+
+// bucket_mb in bytes. One under a byte truncated to 0, which means one bucket
+// after backward: asked for the smallest buckets, the caller got no overlap
+// at all. (first_bucket_mb needs no such check: a first bucket of 0 bytes
+// holds one tensor, as one of a byte does.)
+std::size_t bucket_bytes(double mb) {
+  const std::size_t bytes = mib_to_bytes(mb, "bucket_mb (--bucket-mb)");
+  if (bytes == 0 && mb > 0) {
+    char text[224];
+    std::snprintf(text, sizeof text,
+                  "bucket_mb (--bucket-mb) of %g MiB is under one byte, which would read as 0, one bucket "
+                  "after backward; give 0 for that, or at least 1e-6 MiB.",
+                  mb);
+    throw InvalidArgument(text);
+  }
+  return bytes;
 }
 
 // FNV-1a over the bucket layout: what every rank must agree on.
@@ -198,7 +216,7 @@ Reducer::Reducer(comm::Communicator& comm, std::span<float> grads, std::span<con
                             " floats but the gradient span " + std::to_string(grads.size()));
     }
     s.buckets = assign_buckets(tensor_numels, mib_to_bytes(options.first_bucket_mb, "first_bucket_mb (--first-bucket-mb)"),
-                               mib_to_bytes(options.bucket_mb, "bucket_mb (--bucket-mb)"));
+                               bucket_bytes(options.bucket_mb));
     comm::check_algorithm(comm, options.algorithm);
     if (options.compression == Compression::Bf16 && options.algorithm != comm::Algorithm::Auto &&
         options.algorithm != comm::Algorithm::Ring) {

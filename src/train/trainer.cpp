@@ -1,6 +1,7 @@
 #include "lockstep/train/trainer.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <set>
@@ -59,6 +60,16 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   }
   if (c.micro_batch < 1) {
     throw InvalidArgument("--micro-batch must be at least 1, got " + std::to_string(c.micro_batch));
+  }
+  // Before anything runs: the reducer refuses it too, but from the replicas'
+  // threads (a bucket under a byte would be 0 bytes, one bucket after backward).
+  if (c.bucket_mb > 0 && c.bucket_mb * double(1 << 20) < 1) {
+    char text[224];
+    std::snprintf(text, sizeof text,
+                  "--bucket-mb %g is under one byte, which would read as 0, one bucket after backward with "
+                  "no overlap; give 0 for that, or at least 1e-6 (MiB).",
+                  c.bucket_mb);
+    throw InvalidArgument(text);
   }
   if (c.steps < 0 || (c.steps == 0 && c.epochs < 1)) {
     throw InvalidArgument("give a positive number of --epochs or --steps");

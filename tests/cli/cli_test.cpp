@@ -1173,6 +1173,125 @@ TEST(Cli, BenchTrainReportsEveryConfigurationAndItsMatmulBound) {
   EXPECT_DOUBLE_EQ(best, 1.0);
 }
 
+// --sizes are whole bytes: "4.5" was timed as 4 bytes and "1e-9" as 0, and
+// each row printed as if it were the size asked for.
+TEST(Cli, BenchAllreduceRefusesSizesThatAreNotWholeBytes) {
+  for (const std::string size : {"4.5", "1e-9", "1.0001K"}) {
+    const CliRun r = run("bench allreduce --replicas 2 --repeats 1 --sizes 4K," + size);
+    EXPECT_EQ(r.code, 2) << size << ":\n" << r.output;
+    EXPECT_NE(r.output.find("--sizes: " + size + " is not a whole number of bytes; give whole bytes"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << r.output;
+  }
+  const CliRun odd = run("bench allreduce --replicas 2 --repeats 1 --sizes 6");
+  EXPECT_EQ(odd.code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("6 is not a whole number of floats; give a multiple of 4 bytes"), std::string::npos)
+      << odd.output;
+  // A fraction of a unit that is whole bytes is one.
+  const CliRun whole = run("bench allreduce --replicas 2 --repeats 1 --sizes 1.5K --json");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_EQ(nlohmann::json::parse(whole.output)[0]["bytes"], 1536) << whole.output;
+}
+
+// An all-reduce over one replica returns at once: its row had a busbw of 0
+// and a memory-traffic ratio above 1, "faster than memcpy", for no work.
+// (A process group of one: LaunchTrain.BenchAllreduceOfOneRankIsRefused.)
+TEST(Cli, BenchAllreduceRefusesOneReplica) {
+  const CliRun r = run("bench allreduce --replicas 1 --repeats 1 --sizes 4K --json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("bench allreduce needs 2 or more replicas: an all-reduce over one rank returns at once"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("give --replicas 2 or more"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("time_us"), std::string::npos) << "measured before refusing:\n" << r.output;
+}
+
+// bench overlap's headline ratios set the bucketed arms against one bucket.
+// With --bucket-mb 0 the bucketed arms were one bucket too: the same run
+// compared with itself, printed as a result. And where the model's gradients
+// fit in the first bucket, the table says that the two arms ran alike.
+TEST(Cli, BenchOverlapDoesNotCompareOneBucketWithItselfSilently) {
+  const fs::path data = make_data_dir("bench_overlap_buckets", 512);
+  const std::string common =
+      "bench overlap --data " + data.string() + " --hidden 8 --replicas 2 --steps 2 --repeats 1";
+  const CliRun zero = run(common + " --bucket-mb 0");
+  EXPECT_EQ(zero.code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--bucket-mb 0 makes the bucketed arms one bucket after backward, the same as "
+                             "the arm they are compared with; give a bucket size above 0"),
+            std::string::npos)
+      << zero.output;
+  EXPECT_EQ(zero.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << zero.output;
+  // Under a byte, which the reducer read as 0: the same, in lockstep train too.
+  const CliRun tiny = run(common + " --bucket-mb 1e-7");
+  EXPECT_EQ(tiny.code, 2) << tiny.output;
+  EXPECT_NE(tiny.output.find("--bucket-mb 1e-07 is under one byte, which would read as 0, one bucket after "
+                             "backward"),
+            std::string::npos)
+      << tiny.output;
+  EXPECT_EQ(tiny.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << tiny.output;
+  const CliRun small = run(common);
+  ASSERT_EQ(small.code, 0) << small.output;
+  EXPECT_NE(small.output.find("note: the default buckets are one bucket for this model"), std::string::npos)
+      << small.output;
+}
+
+// The benchmarks that train check memory as lockstep train does, before
+// anything runs: bench overlap's --hidden, or bench train's eight replicas of
+// a first layer of features x 512, ran until the kernel's OOM killer ended them.
+TEST(Cli, BenchOverlapAndTrainRefuseRunsThatDoNotFitInMemory) {
+  ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "3e8", 1);
+  // 16 features: 16 M parameters x 2 replicas x 3 copies is ~390 MB.
+  const CliRun overlap = run("bench overlap --data " + make_data_dir("bench_overlap_memory", 512).string() +
+                             " --hidden 4000,4000 --replicas 2 --steps 2 --repeats 1 --micro-batch 8");
+  // 100 x 100 images: 5.4 M parameters x 8 replicas x 3 copies is ~520 MB.
+  const CliRun bench = run("bench train --data " + make_data_dir("bench_train_memory", 512, 0, 100).string() +
+                           " --steps 2 --warmup 0 --repeats 1");
+  ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+  EXPECT_EQ(overlap.code, 2) << overlap.output;
+  EXPECT_NE(overlap.output.find("for 2 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << overlap.output;
+  EXPECT_NE(overlap.output.find("and it has 300 MB free"), std::string::npos) << overlap.output;
+  EXPECT_EQ(overlap.output.find("step ms"), std::string::npos) << "ran before refusing:\n" << overlap.output;
+  EXPECT_EQ(bench.code, 2) << bench.output;
+  EXPECT_NE(bench.output.find("for 8 replicas' weights, gradients and optimizer state"), std::string::npos)
+      << bench.output;
+  EXPECT_EQ(bench.output.find("peak sgemm"), std::string::npos) << "ran before refusing:\n" << bench.output;
+}
+
+// --repeats runs the bucket comparison's two arms; the micro-batch sweep,
+// which is there for its bytes per step, runs once. The help, the table and
+// the JSON said or implied "the median of --repeats runs" for every arm.
+TEST(Cli, BenchOverlapSaysHowManyRunsEachArmHad) {
+  const fs::path data = make_data_dir("bench_overlap_runs", 512);
+  const CliRun r = run("bench overlap --data " + data.string() +
+                       " --hidden 8 --replicas 2 --steps 2 --repeats 2 --micro-batch 16 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto arms = nlohmann::json::parse(r.output)[0]["arms"];
+  ASSERT_EQ(arms.size(), 4u) << r.output;
+  EXPECT_EQ(arms[0].value("runs", -1), 2) << arms[0];
+  EXPECT_EQ(arms[1].value("runs", -1), 2) << arms[1];
+  EXPECT_EQ(arms[2].value("runs", -1), 1) << arms[2];
+  EXPECT_EQ(arms[3].value("runs", -1), 1) << arms[3];
+  const CliRun table = run("bench overlap --data " + data.string() + " --hidden 8 --replicas 2 --steps 2");
+  ASSERT_EQ(table.code, 0) << table.output;
+  EXPECT_NE(table.output.find("x 3 runs (the micro-batch sweep: 1 run)"), std::string::npos) << table.output;
+  const CliRun help = run("bench overlap --help");
+  EXPECT_NE(help.output.find("(the micro-batch sweep runs once)"), std::string::npos) << help.output;
+}
+
+// --timeout holds for in-process replicas as for a process group (it was
+// left at the default 60 s), and the error is the timeout itself, exit 1, not
+// rank 0's "communicator aborted" (exit 3, another rank of a process group
+// failed). A 1 ms limit cannot be met here: in a 16 MiB naive all-reduce over
+// 8 replicas, rank 0 sums 112 MiB before any other rank hears back.
+TEST(Cli, BenchAllreduceHoldsInProcessReplicasToTimeout) {
+  const CliRun r = run("bench allreduce --sizes 16M --replicas 8 --repeats 1 --algorithm naive --timeout 0.001");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("timed out after 1 ms"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("communicator aborted"), std::string::npos) << r.output;
+}
+
 TEST(Cli, PlanWithDefaultsPrintsATableAndARecommendation) {
   const CliRun r = run("plan");
   ASSERT_EQ(r.code, 0) << r.output;

@@ -1155,6 +1155,14 @@ TEST_F(LaunchTrain, ASignalBetweenTwoRunsOfAJobEndsItWithoutARestart) {
 
 // Only commands that join the group are one job; anything else would run N
 // independent copies. Refused before any process starts.
+// A group of one rank has no all-reduce to time (Cli.BenchAllreduceRefusesOneReplica).
+TEST_F(LaunchTrain, BenchAllreduceOfOneRankIsRefused) {
+  CliRun one(run_dir("bench_one"), launch_args(1, {"bench", "allreduce", "--sizes", "4K", "--repeats", "1"}));
+  EXPECT_EQ(one.wait(), 2) << one.err();
+  EXPECT_NE(one.err().find("needs a process group of 2 or more ranks"), std::string::npos) << one.err();
+  EXPECT_EQ(one.out().find("time_us"), std::string::npos) << "measured before refusing:\n" << one.out();
+}
+
 TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
   const auto data = make_data_dir("refused");
   CliRun plan(run_dir("plan"), launch_args(2, {"plan"}));

@@ -573,6 +573,24 @@ TEST(Reducer, AnAlgorithmTheGroupCannotRunIsRefusedWhenBuilt) {
   }));
 }
 
+// A bucket size under one byte truncated to 0 bytes, which is one bucket
+// after backward: the smallest buckets asked for, no overlap given.
+TEST(Reducer, ABucketSizeUnderOneByteIsRefusedNotReadAsOneBucket) {
+  rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
+    std::vector<float> grads(total_numel());
+    EXPECT_THROW(Reducer(comm, grads, kNumels, {.first_bucket_mb = 1e-7, .bucket_mb = 1e-7}),
+                 InvalidArgument);
+  }));
+  // A byte or more is a bucket per tensor here; a first bucket under a byte
+  // holds one tensor as one of a byte does. (A fresh group: the refusal
+  // aborted the first.)
+  rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
+    std::vector<float> grads(total_numel());
+    Reducer one_byte(comm, grads, kNumels, {.first_bucket_mb = 1e-7, .bucket_mb = 1e-6});
+    EXPECT_EQ(one_byte.buckets().size(), kNumels.size());
+  }));
+}
+
 TEST(Reducer, RejectsAGradientSpanOfTheWrongSize) {
   rethrow_first(run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> grads(total_numel() - 1);

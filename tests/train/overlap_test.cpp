@@ -324,6 +324,9 @@ TEST(Config, NewFlagsAreValidated) {
   c.bucket_mb = -1;
   EXPECT_THROW(train(c, data), InvalidArgument);
   c = config(2, 16);
+  c.bucket_mb = 1e-7;  // under a byte: it ran as 0, one bucket after backward
+  EXPECT_THROW(train(c, data), InvalidArgument);
+  c = config(2, 16);
   c.link.latency = std::chrono::microseconds(10);
   c.algorithm = comm::Algorithm::SharedMemory;
   EXPECT_THROW(train(c, data), InvalidArgument);
