@@ -269,8 +269,11 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
 // activations of a micro-batch (each Linear's input and output, a lower
 // bound: backward needs as much again for their gradients). When that alone
 // is more than the host has free, the run is refused now: otherwise the
-// kernel's OOM killer ends it part way, without a word.
-void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here) {
+// kernel's OOM killer ends it part way, without a word. The process that
+// writes checkpoints also keeps a copy of one: the weights, the whole
+// optimizer state and, with --compress bf16, every replica's rounding error.
+void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here,
+                  bool checkpoint_copy) {
   const auto [params, activation_floats] = model_size(c, data);
   const char* widths = c.model == "mlp" ? " or --hidden" : "";
   const cost::Optimizer optimizer = c.optimizer == "adamw" ? cost::Optimizer::AdamW
@@ -281,23 +284,30 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
                         (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
   const double state = params * sizeof(float) * copies;
   const double activations = activation_floats * double(c.micro_batch) * sizeof(float);
-  const double need = replicas_here * (state + activations);
+  const double checkpoint =
+      checkpoint_copy ? params * sizeof(float) *
+                            (1 + cost::optimizer_state_factor(optimizer) +
+                             (c.compression == ddp::Compression::Bf16 ? double(c.replicas) : 0))
+                      : 0;
+  const double need = replicas_here * (state + activations) + checkpoint;
   const std::optional<double> available = available_memory_bytes();
   if (available && need > *available) {
-    char text[384];
+    char text[448];
+    const char* copy_text = checkpoint > 0 ? ", with a checkpoint's copy (--checkpoint)," : "";
     if (activations > state) {
       std::snprintf(text, sizeof text,
                     "this run needs at least %s for %d replicas' activations of %lld samples each (%s per replica) "
-                    "and their weights, gradients and optimizer state on this host, and it has %s free; lower "
+                    "and their weights, gradients and optimizer state%s on this host, and it has %s free; lower "
                     "--micro-batch or --replicas (or the processes per host)%s.",
                     show_bytes(need).c_str(), replicas_here, static_cast<long long>(c.micro_batch),
-                    show_bytes(activations).c_str(), show_bytes(*available).c_str(), widths);
+                    show_bytes(activations).c_str(), copy_text, show_bytes(*available).c_str(), widths);
     } else {
       std::snprintf(text, sizeof text,
                     "this run needs at least %s for %d replicas' weights, gradients and optimizer state (%.3g "
-                    "parameters each) and activations on this host, and it has %s free; lower --replicas (or "
+                    "parameters each) and activations%s on this host, and it has %s free; lower --replicas (or "
                     "the processes per host)%s.",
-                    show_bytes(need).c_str(), replicas_here, params, show_bytes(*available).c_str(), widths);
+                    show_bytes(need).c_str(), replicas_here, params, copy_text, show_bytes(*available).c_str(),
+                    widths);
     }
     throw InvalidArgument(text);
   }
@@ -660,7 +670,8 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   auto& c = f.config;
   const bool rank0 = group == nullptr || group->rank() == 0;  // prints and writes files
   // Over processes, every rank on this host needs its copy.
-  check_memory(c, data, group == nullptr ? c.replicas : ranks_on_this_host(*group));
+  check_memory(c, data, group == nullptr ? c.replicas : ranks_on_this_host(*group),
+               rank0 && !f.checkpoint_file.empty());
   const HostCores host = host_cores();
   c.cores = host.process;  // the replicas' BLAS threads
   one_bucket_if_cores_are_shared(f, group, host);
@@ -783,10 +794,20 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     nn::save_weights(f.save_file, result.layout, result.params, result.buffer_layout, result.buffers,
                      {{"format", "pt"}, {"model", result.model_description}});
   }
-  if (!f.report_file.empty()) write_file_atomically(f.report_file, train::report_json(c, result), "the report");
+  // Note [A job that had ended]: a report already there is the one of the
+  // run that trained (a job run again after it ended, or one that failed
+  // after writing it); a run of no step would replace its timings with none.
+  const bool ran_no_step = result.steps == c.start_step;
+  std::error_code no_report;
+  if (!f.report_file.empty() && ran_no_step && std::filesystem::is_regular_file(f.report_file, no_report)) {
+    warn("--report not written: " + f.report_file + " is there already, from the run that trained, and this run "
+         "ran no step; it is kept.");
+  } else if (!f.report_file.empty()) {
+    write_file_atomically(f.report_file, train::report_json(c, result), "the report");
+  }
   // Note [A job that had ended]: the outputs that draw or time steps have
   // none from this run; an earlier run of the job ran them all.
-  if (result.steps == c.start_step) {
+  if (ran_no_step) {
     for (const auto& [flag, file] : {std::pair<const char*, const std::string*>{"--trace", &f.trace_file},
                                      {"--timeline-svg", &f.svg_file},
                                      {"--profile", &f.profile_file}}) {

@@ -437,6 +437,29 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   EXPECT_EQ(huge.code, 2) << huge.output;
   EXPECT_NE(huge.output.find("GB for 1024 replicas' weights, gradients and optimizer state"), std::string::npos)
       << huge.output;
+  // The process that writes checkpoints keeps a copy of one (Note
+  // [Checkpoints in the background]): the weights and SGD's momentum, once,
+  // 8 bytes a parameter more with --checkpoint.
+  {
+    ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
+    const std::string one = "train --data " + make_data_dir("cli_copy", 64).string() +
+                            " --replicas 1 --micro-batch 1 --hidden 4000,4000 --steps 1";
+    const CliRun plain = run(one);
+    const CliRun copied = run(one + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
+    ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+    ASSERT_EQ(plain.code, 2) << plain.output;
+    ASSERT_EQ(copied.code, 2) << copied.output;
+    EXPECT_NE(copied.output.find("with a checkpoint's copy (--checkpoint)"), std::string::npos) << copied.output;
+    const auto number_after = [](const std::string& text, const std::string& before) {
+      const auto at = text.find(before);
+      return at == std::string::npos ? -1.0 : std::stod(text.substr(at + before.size()));
+    };
+    const double params = number_after(plain.output, "optimizer state (");
+    ASSERT_GT(params, 1.5e7) << plain.output;
+    EXPECT_NEAR(number_after(copied.output, "needs at least ") - number_after(plain.output, "needs at least "),
+                params * 8 / 1e6, 2)
+        << plain.output << copied.output;
+  }
   // Activations too: one replica's 7500 samples x 200794 floats through a
   // Linear of 100000 is ~6 GB, x 8 replicas ~48 GB; its weights ~1 GB each.
   // With 20 GB free, whatever this machine has (LOCKSTEP_MEMORY_AVAILABLE).
@@ -1495,7 +1518,7 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   // unbroken job, with its weights and their test accuracy; what draws steps
   // is not written, and says why. Another --lr is another run.
   const CliRun ended = run(common + auto_resume + "--save " + (out / "ended.st").string() + " --timeline-svg " +
-                           (out / "ended.svg").string());
+                           (out / "ended.svg").string() + " --report " + (out / "ended.json").string());
   ASSERT_EQ(ended.code, 0) << ended.output;
   EXPECT_NE(ended.output.find("--auto-resume: " + checkpoint + " holds the job's last step (12); no step is left"),
             std::string::npos)
@@ -1510,6 +1533,22 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   EXPECT_NE(ended.output.find("--timeline-svg not written: this run went on from " + checkpoint), std::string::npos)
       << ended.output;
   EXPECT_FALSE(fs::exists(out / "ended.svg"));
+  const auto report = nlohmann::json::parse(std::ifstream(out / "ended.json"));
+  EXPECT_EQ(report["resumed_from_step"], 12);
+  EXPECT_EQ(report["steps"], 12);
+  // Run again, it keeps the report there (of the run that trained, or a
+  // job run again after it ended): a run of no step has no timings to give.
+  {
+    std::ofstream(out / "ended.json") << "{\"from\": \"the run that trained\"}";
+  }
+  const CliRun again_ended = run(common + auto_resume + "--report " + (out / "ended.json").string());
+  ASSERT_EQ(again_ended.code, 0) << again_ended.output;
+  EXPECT_NE(again_ended.output.find("--report not written: " + (out / "ended.json").string() +
+                                    " is there already, from the run that trained, and this run ran no step; it is "
+                                    "kept."),
+            std::string::npos)
+      << again_ended.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out / "ended.json"))["from"], "the run that trained");
   const CliRun other = run(common + auto_resume + "--quiet --lr 0.05");
   EXPECT_EQ(other.code, 2) << other.output;
   EXPECT_NE(other.output.find("--auto-resume found " + checkpoint + ", and cannot go on from it: --lr differs from "
