@@ -1016,8 +1016,8 @@ Action add_train_command(CLI::App& app) {
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));
   cmd->add_option("--inject", flags->inject,
                   "Inject a fault to see the guards catch it: bitflip@STEP:RANK (one weight bit after the "
-                  "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK, same-seed (every replica reads rank 0's "
-                  "shard); repeatable; in a job's first run only, not after lockstep launch --max-restarts restarts it")
+                  "update), bitflip-buffer@STEP:RANK (one buffer value), nan@STEP:RANK (a local gradient), throw@STEP:RANK (STEP may be the run's steps: after the last "
+                  "one), same-seed (every replica reads rank 0's shard); repeatable; in a job's first run only, not after lockstep launch --max-restarts restarts it")
       ->allow_extra_args(false);
   cmd->add_option("--log-every", c.log_every, "Progress every this many steps")
       ->transform(whole_number_in(std::int64_t{1}, std::int64_t{1} << 30));

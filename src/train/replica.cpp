@@ -661,6 +661,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     }
     if (stop) break;
   }
+  if (!out.stopped_early) guards.maybe_throw(s.total_steps);  // --inject throw@<steps>: after the last checkpoint
   // Note [A job that had ended]
   // A job whose every step is done can still fail after its last checkpoint:
   // a rank lost while the outputs are gathered or written. The job

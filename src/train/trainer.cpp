@@ -304,7 +304,11 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
                           "shorter --lr-warmup, or more --steps or --epochs.");
   }
   for (const auto& f : c.inject) {
-    if (f.kind != Fault::Kind::SameSeed && f.step >= total_steps) {
+    // throw@<the run's steps>: a rank that fails after the last step, its
+    // checkpoint written, while the outputs are gathered (Note [A job that
+    // had ended]).
+    const bool after_the_last = f.kind == Fault::Kind::Throw && f.step == total_steps;
+    if (f.kind != Fault::Kind::SameSeed && f.step >= total_steps && !after_the_last) {
       throw InvalidArgument("--inject names step " + std::to_string(f.step) + ", past the run's last step (" +
                             std::to_string(total_steps - 1) + "); the fault would never happen.");
     }

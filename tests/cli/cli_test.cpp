@@ -530,6 +530,11 @@ TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   EXPECT_EQ(late.code, 2);
   EXPECT_NE(late.output.find("--inject names step 4, past the run's last step (3)"), std::string::npos)
       << late.output;
+  // A failure may come after the last step (throw@<the run's steps>), not later.
+  const CliRun later = run(common + "--steps 4 --inject throw@5:1");
+  EXPECT_EQ(later.code, 2) << later.output;
+  EXPECT_NE(later.output.find("--inject names step 5, past the run's last step (3)"), std::string::npos)
+      << later.output;
   // 64 samples, global batch 16: 2 epochs are 8 steps.
   const std::string svg = " --timeline-svg " + (dir / "t.svg").string();
   const CliRun past = run(common + "--epochs 2" + svg + " --timeline-step 8");

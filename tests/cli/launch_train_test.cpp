@@ -1037,17 +1037,20 @@ TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
   const auto report = nlohmann::json::parse(read_file(dir / "r.json"));
   EXPECT_EQ(report["resumed_from_step"], 24);
 
-  // A job that fails after its last checkpoint (Note [A job that had
-  // ended]) is restarted from its last step: it runs no step, and every rank
-  // ends as the unbroken job, with its weights and their test accuracy.
-  CliRun done(dir, launch({"--max-restarts", "2"}, {"--checkpoint", "c.st", "--auto-resume", "--save", "w2.st",
-                                                    "--report", "r2.json"}));
-  ASSERT_EQ(done.wait(), 0) << done.err();
-  EXPECT_EQ(read_file(dir / "w2.st"), want) << "the ended job's weights differ from the unbroken job's";
-  const auto ended = nlohmann::json::parse(read_file(dir / "r2.json"));
+  // A rank that fails after the last step, its checkpoint written (Note [A
+  // job that had ended]): the job is restarted from its last step, runs no
+  // step, and ends as the unbroken job, with its weights and their test
+  // accuracy (the failed run wrote no output: rank 0 failed gathering them).
+  const auto after_dir = run_dir("restart-after-the-last");
+  CliRun after(after_dir, launch({"--max-restarts", "1"}, {"--checkpoint", "c.st", "--auto-resume", "--inject",
+                                                           "throw@40:1", "--save", "w.st", "--report", "r.json"}));
+  ASSERT_EQ(after.wait(), 0) << after.err();
+  EXPECT_NE(after.err().find("injected failure at step 40"), std::string::npos) << after.err();
+  EXPECT_NE(after.err().find("Restarting the job (restart 1 of 1)"), std::string::npos) << after.err();
+  EXPECT_EQ(read_file(after_dir / "w.st"), want) << "the ended job's weights differ from the unbroken job's";
+  const auto ended = nlohmann::json::parse(read_file(after_dir / "r.json"));
   EXPECT_EQ(ended["resumed_from_step"], 40);
   EXPECT_EQ(ended["test_accuracy"], report["test_accuracy"]);
-  EXPECT_EQ(done.err().find("warning"), std::string::npos) << done.err();
 
   // Refused flags would be refused again: one run, not restarted.
   CliRun refused(run_dir("restart-refused"), launch({"--max-restarts", "2"}, {"--auto-resume"}));
