@@ -299,7 +299,7 @@ void check_coverage(const fs::path& path, std::vector<Entry>& entries, std::uint
 }  // namespace
 
 void save_safetensors(const fs::path& path, std::span<const TensorRef> tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, std::string_view what) {
   const std::string header = build_header(tensors, metadata);  // all validation happens here
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header.size() >> (8 * i));
@@ -307,7 +307,7 @@ void save_safetensors(const fs::path& path, std::span<const TensorRef> tensors,
   std::vector<std::span<const std::byte>> pieces = {std::as_bytes(std::span(length)),
                                                      std::as_bytes(std::span(header))};
   for (const TensorRef& t : tensors) pieces.push_back(std::as_bytes(t.data));
-  write_file_atomically(path, pieces, "the weights");
+  write_file_atomically(path, pieces, what);
 }
 
 SafetensorsFile load_safetensors(const fs::path& path) {

@@ -117,7 +117,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& cp,
                         {"optimizer_steps", std::to_string(cp.optimizer_steps)},
                         {"skips_in_a_row", std::to_string(cp.skips_in_a_row)},
                         {"model", model},
-                        {"trajectory", trajectory.dump()}});
+                        {"trajectory", trajectory.dump()}},
+                       "the checkpoint of step " + std::to_string(cp.steps_done));
 }
 
 // Note [Checkpoints in the background]

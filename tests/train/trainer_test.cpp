@@ -659,7 +659,9 @@ TEST(Resume, TheBackgroundWriterWritesWhatTheStepHadAndReportsAFailure) {
     failing.write(cp);
   };
   train(c, data, hooks);
+  // Reported at step 8, naming the write that failed.
   EXPECT_NE(next_write_error.find("no-such-dir"), std::string::npos) << next_write_error;
+  EXPECT_NE(next_write_error.find("could not write the checkpoint of step 4"), std::string::npos) << next_write_error;
   writer.finish();
   const auto read = [&](const char* name) {
     std::ifstream in(dir / name, std::ios::binary);

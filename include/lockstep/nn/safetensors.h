@@ -16,6 +16,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lockstep::nn {
@@ -57,8 +58,10 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 // dimension or its element count differs from data.size(), if two tensors share
 // a name, if a name is "__metadata__", or if a name or metadata string is not
 // valid UTF-8. Throws IoError naming the path if the file cannot be written.
+// `what` names the file in the IoError of a failed write ("PATH: could not
+// write WHAT (why).").
 void save_safetensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {}, std::string_view what = "the weights");
 
 // Reads every tensor and the metadata of a safetensors file.
 //
