@@ -216,10 +216,12 @@ int run(const Flags& f) {
   std::unique_ptr<comm::Communicator> group = threads ? nullptr : connect_process_group(f.group);
   // What the algorithm needs of the group (a power of two for the tree, ...),
   // before anything is measured or printed.
-  comm::check_algorithm(
-      threads ? *comm::make_thread_group(thread_group_options(f)).front()
-              : *group,
-      algorithm);
+  // One rank of the group, to ask what the algorithm needs of it and, for
+  // auto, which algorithm each size runs (the same on every rank).
+  const auto probe_group = threads ? comm::make_thread_group(thread_group_options(f))
+                                   : std::vector<std::unique_ptr<comm::Communicator>>{};
+  comm::Communicator& probe = threads ? *probe_group.front() : *group;
+  comm::check_algorithm(probe, algorithm);
   if (!threads && group->size() < 2) {
     throw InvalidArgument("bench allreduce needs a process group of 2 or more ranks: " + alone +
                           "start 2 or more (--world-size, lockstep launch --nproc).");
@@ -240,7 +242,8 @@ int run(const Flags& f) {
         "all-reduce (float sum), %s, algorithm %s; memcpy bandwidth %.1f GB/s (read+write, all "
         "cores)\n\n",
         what.c_str(), f.algorithm.c_str(), memcpy_bw / 1e9);
-    std::printf("%12s %12s %12s %12s %10s\n", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "mem_ratio");
+    std::printf("%12s %12s %12s %12s %10s  %s\n", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s", "mem_ratio",
+                "ran");
   }
   for (std::size_t bytes : sizes) {
     double t = 0;
@@ -255,8 +258,10 @@ int run(const Flags& f) {
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     const double ratio = 2.0 * n * bytes / t / memcpy_bw;
+    const char* ran = comm::to_string(comm::algorithm_for(probe, bytes, algorithm));
     rows.push_back({{"bytes", bytes},
                     {"algorithm", f.algorithm},
+                    {"algorithm_run", ran},
                     {"replicas", n},
                     {"backend", f.group.backend},
                     {"time_us", t * 1e6},
@@ -264,7 +269,7 @@ int run(const Flags& f) {
                     {"busbw_gbps", busbw},
                     {"memory_traffic_ratio", ratio},
                     {"memcpy_gbps", memcpy_bw / 1e9}});
-    if (!f.json) std::printf("%12zu %12.1f %12.2f %12.2f %10.2f\n", bytes, t * 1e6, algbw, busbw, ratio);
+    if (!f.json) std::printf("%12zu %12.1f %12.2f %12.2f %10.2f  %s\n", bytes, t * 1e6, algbw, busbw, ratio, ran);
   }
   if (f.json && printer) std::cout << rows.dump(2) << "\n";
   return 0;

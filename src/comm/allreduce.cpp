@@ -75,6 +75,24 @@ void check_algorithm(Communicator& comm, Algorithm algorithm) {
   if (algorithm == Algorithm::Hierarchical) detail::require_node_layout(comm);
 }
 
+Algorithm algorithm_for(Communicator& comm, std::size_t bytes, Algorithm requested) {
+  if (requested != Algorithm::Auto) return requested;
+  // Where the backend shares memory, its native path moves the least memory
+  // and synchronises twice; otherwise the ring for large buffers (bandwidth-
+  // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
+  // 2(N-1)); the ring becomes hierarchical when the ranks sit on several
+  // nodes of equal size (fewer bytes through each node's link, fewer
+  // rounds). The rule and its measurements: docs/algorithms.md.
+  const NativeAllreduce* native = comm.native_allreduce();
+  const bool shared = native != nullptr && native->shares_memory();
+  const auto layout = shared ? std::nullopt : detail::node_layout(comm);
+  const bool hierarchy = layout && layout->nodes > 1 && layout->per_node > 1;
+  return shared                                      ? Algorithm::SharedMemory
+         : bytes < detail::kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
+         : hierarchy                                ? Algorithm::Hierarchical
+                                                    : Algorithm::Ring;
+}
+
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options) {
   detail::allreduce_as(comm, data, options, CollectiveKind::Allreduce);
 }
@@ -87,21 +105,7 @@ void allreduce_as(Communicator& comm, std::span<float> data, const AllreduceOpti
   NativeAllreduce* native = comm.native_allreduce();
   Algorithm algorithm = options.algorithm;
   if (comm.size() > 1) {
-    if (algorithm == Algorithm::Auto) {
-      // Where the backend shares memory, its native path moves the least memory
-      // and synchronises twice; otherwise the ring for large buffers (bandwidth-
-      // optimal) and halving-doubling for small ones (2 log2 N rounds instead of
-      // 2(N-1)); the ring becomes hierarchical when the ranks sit on several
-      // nodes of equal size (fewer bytes through each node's link, fewer
-      // rounds). The rule and its measurements: docs/algorithms.md.
-      const bool shared = native != nullptr && native->shares_memory();
-      const auto layout = shared ? std::nullopt : node_layout(comm);
-      const bool hierarchy = layout && layout->nodes > 1 && layout->per_node > 1;
-      algorithm = shared                                         ? Algorithm::SharedMemory
-                  : data.size_bytes() < kHalvingDoublingMaxBytes ? Algorithm::HalvingDoubling
-                  : hierarchy                                    ? Algorithm::Hierarchical
-                                                                 : Algorithm::Ring;
-    }
+    algorithm = algorithm_for(comm, data.size_bytes(), algorithm);
     // Before the call is numbered or the group's abort is read, so that every
     // rank of a group that cannot run it refuses alike (InvalidArgument); and
     // the group is aborted, for a rank whose peers asked for another

@@ -961,7 +961,14 @@ TEST(Cli, PerNodeGroupsInProcessReplicasForTheHierarchicalAllreduce) {
   const auto rows = nlohmann::json::parse(nodes.output.substr(nodes.output.find('[')));
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["algorithm"], "hierarchical");
+  EXPECT_EQ(rows[0]["algorithm_run"], "hierarchical");
   EXPECT_EQ(rows[0]["replicas"], 8);
+  // Asked for auto, each row names the algorithm that ran.
+  const CliRun chosen = run("bench allreduce --sizes 4K --repeats 3 --json");
+  ASSERT_EQ(chosen.code, 0) << chosen.output;
+  const auto auto_rows = nlohmann::json::parse(chosen.output.substr(chosen.output.find('[')));
+  EXPECT_EQ(auto_rows[0]["algorithm"], "auto");
+  EXPECT_EQ(auto_rows[0]["algorithm_run"], "shared_memory");
   const CliRun uneven = run("bench allreduce --sizes 4K --per-node 3");
   EXPECT_EQ(uneven.code, 2);
   EXPECT_NE(uneven.output.find("does not divide the 8 replicas"), std::string::npos) << uneven.output;

@@ -1206,9 +1206,14 @@ TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
   CliRun bench(run_dir("bench"), launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "8"}));
   EXPECT_NE(bench.wait(), 0);
   EXPECT_NE(bench.err().find("--replicas 8 does not match the world size 2"), std::string::npos) << bench.err();
-  CliRun agreeing(run_dir("bench2"),
-                  launch_args(2, {"bench", "allreduce", "--sizes", "4K", "--replicas", "2", "--repeats", "1"}));
+  CliRun agreeing(run_dir("bench2"), launch_args(2, {"bench", "allreduce", "--sizes", "4K,1M", "--replicas", "2",
+                                                     "--repeats", "1", "--json"}));
   EXPECT_EQ(agreeing.wait(), 0) << agreeing.err();
+  // Over processes, auto is halving-doubling for small buffers and the ring for large ones.
+  const auto rows = nlohmann::json::parse(agreeing.out());
+  ASSERT_EQ(rows.size(), 2u) << agreeing.out();
+  EXPECT_EQ(rows[0]["algorithm_run"], "halving_doubling");
+  EXPECT_EQ(rows[1]["algorithm_run"], "ring");
 }
 
 }  // namespace

@@ -173,6 +173,17 @@ TEST(Hierarchical, AutoChoosesItForLargeBuffersAcrossEvenNodes) {
   // Uneven nodes (3, 3, 2) or no node information: the flat ring.
   EXPECT_EQ(cross_bytes(8, 3, large, Algorithm::Auto), cross_bytes(8, 3, large, Algorithm::Ring));
   EXPECT_EQ(cross_bytes(8, 8, large, Algorithm::Auto), 0u);  // one node: nothing crosses
+  // algorithm_for says so beforehand (what bench allreduce reports it ran).
+  const auto chosen = [](int n, int g, std::size_t count, Algorithm requested) {
+    auto cross = std::make_shared<std::atomic<std::uint64_t>>(0);
+    return algorithm_for(*counted(n, g, cross).front(), count * sizeof(float), requested);
+  };
+  EXPECT_EQ(chosen(8, 2, large, Algorithm::Auto), Algorithm::Hierarchical);
+  EXPECT_EQ(chosen(8, 2, small, Algorithm::Auto), Algorithm::HalvingDoubling);
+  EXPECT_EQ(chosen(8, 3, large, Algorithm::Auto), Algorithm::Ring);
+  EXPECT_EQ(chosen(8, 2, large, Algorithm::Naive), Algorithm::Naive);
+  // Where the backend shares memory, its own path at any size.
+  EXPECT_EQ(algorithm_for(*group(8, 2).front(), 64, Algorithm::Auto), Algorithm::SharedMemory);
 }
 
 TEST(Hierarchical, RefusedWithoutAnEvenNodeLayout) {

@@ -61,6 +61,13 @@ Algorithm algorithm_from_string(std::string_view name);
 // algorithm with this when it is built.
 void check_algorithm(Communicator& comm, Algorithm algorithm);
 
+// The algorithm allreduce runs on `comm` for `bytes` of data when asked for
+// `requested`: Auto by the rule of docs/algorithms.md (the backend's
+// shared-memory path where it shares memory; else halving-doubling below
+// 64 KiB, hierarchical on several nodes of equal size, the ring), any other
+// as given. The same on every rank of a group.
+Algorithm algorithm_for(Communicator& comm, std::size_t bytes, Algorithm requested);
+
 // In place: on return every rank's `data` holds op(data of all ranks).
 void allreduce(Communicator& comm, std::span<float> data, const AllreduceOptions& options = {});
 
