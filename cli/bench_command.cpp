@@ -20,11 +20,5 @@ Action add_bench_command(CLI::App& app) {
   };
 }
 
-double median(std::vector<double> samples) {
-  if (samples.empty()) return 0;
-  const auto middle = samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2);
-  std::nth_element(samples.begin(), middle, samples.end());
-  return *middle;
-}
 
 }  // namespace lockstep::cli
