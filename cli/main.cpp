@@ -131,6 +131,17 @@ int main(int argc, char** argv) {
     // The group is gone by now (MPI finalised or left), so nothing waits on us.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return lockstep::cli::kExitAbortedByPeer;
+  } catch (const lockstep::TimeoutError& e) {
+    // A collective's wait (the rendezvous's say what to do themselves): the
+    // ranks it names were slow, or stopped, or gone.
+    std::string what = e.what();
+    const CLI::App* command = &app;  // the command that ran: bench allreduce, not bench
+    while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+    if (what.find("rendezvous") == std::string::npos && command->get_option_no_throw("--timeout") != nullptr) {
+      what += ". If what it waited for was slow rather than stopped or gone, raise --timeout (seconds).";
+    }
+    print_error(what);
+    return 1;
   } catch (const std::bad_alloc&) {
     print_error(std::string("out of memory; lower ") +
                 (app.got_subcommand("bench") ? "--replicas, --sizes, --micro-batch or --hidden"

@@ -398,6 +398,9 @@ std::string auto_resume_refusal(const std::string& file, std::string why) {
   } catch (const InvalidArgument& e) {
     if (!group.aborted()) group.abort(named(e.what()));
     throw InvalidArgument(named(e.what()));
+  } catch (const TimeoutError& e) {  // main() says what to do about it
+    if (!group.aborted()) group.abort(named(e.what()));
+    throw TimeoutError(named(e.what()));
   } catch (const std::exception& e) {
     if (!group.aborted()) group.abort(named(e.what()));
     throw Error(named(e.what()));

@@ -1324,6 +1324,9 @@ TEST(Cli, BenchAllreduceHoldsInProcessReplicasToTimeout) {
   const CliRun r = run("bench allreduce --sizes 16M --replicas 8 --repeats 1 --algorithm naive --timeout 0.001");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("timed out after 1 ms"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("If what it waited for was slow rather than stopped or gone, raise --timeout (seconds)."),
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(r.output.find("communicator aborted"), std::string::npos) << r.output;
 }
 
