@@ -153,17 +153,7 @@ double time_allreduce(const comm::ThreadGroupOptions& group, std::size_t bytes, 
   // The first error that is not a consequence of another replica's abort
   // (as the trainer does): rank 0's CommAborted hid a rank's timeout, and
   // exited 3, "stopped because another rank of a process group failed".
-  for (auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const CommAborted&) {
-    } catch (...) {
-      throw;
-    }
-  }
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  rethrow_first_cause(errors);
   return median(samples);
 }
 

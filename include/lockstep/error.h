@@ -4,6 +4,8 @@
 // Error into a one- or two-sentence message and a non-zero exit code.
 #pragma once
 
+#include <exception>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +41,12 @@ class CommAborted : public Error {
  public:
   using Error::Error;
 };
+
+// Of the errors the threads of one group ended with (null: none), rethrows
+// the first that is not a CommAborted, the consequence of another's failure,
+// so that the cause is reported, not the group's abort; else the first
+// CommAborted. Returns if there is none.
+void rethrow_first_cause(std::span<const std::exception_ptr> errors);
 
 namespace detail {
 [[noreturn]] void throw_check_failure(const char* file, int line, const char* cond, const std::string& msg);

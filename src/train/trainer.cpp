@@ -569,18 +569,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
       });
     }
   }
-  // The first error that is not a consequence of another replica's abort.
-  for (auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const CommAborted&) {
-    } catch (...) {
-      throw;
-    }
-  }
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  rethrow_first_cause(errors);  // not a consequence of another replica's abort
   return assemble(c, p, outputs);
 }
 

@@ -334,5 +334,29 @@ TEST(ThreadGroup, ASecondCollectiveFromAnotherThreadIsRefusedByName) {
   EXPECT_THROW(std::rethrow_exception(errors[0]), CommAborted);
 }
 
+// The cause of a group's failure, not its consequence: the first error that
+// is not the abort every other thread then met (the trainer and bench
+// allreduce report it).
+TEST(Failure, TheFirstCauseIsRethrownNotTheAbortsItCaused) {
+  const auto error = [](auto e) { return std::make_exception_ptr(e); };
+  const std::vector<std::exception_ptr> errors = {error(CommAborted("aborted: rank 2 timed out")), nullptr,
+                                                  error(TimeoutError("rank 2 timed out")),
+                                                  error(InvalidArgument("later"))};
+  try {
+    rethrow_first_cause(errors);
+    ADD_FAILURE() << "nothing rethrown";
+  } catch (const TimeoutError& e) {
+    EXPECT_STREQ(e.what(), "rank 2 timed out");
+  }
+  const std::vector<std::exception_ptr> aborts = {nullptr, error(CommAborted("first")), error(CommAborted("second"))};
+  try {
+    rethrow_first_cause(aborts);
+    ADD_FAILURE() << "nothing rethrown";
+  } catch (const CommAborted& e) {
+    EXPECT_STREQ(e.what(), "first");
+  }
+  EXPECT_NO_THROW(rethrow_first_cause(std::vector<std::exception_ptr>(3)));
+}
+
 }  // namespace
 }  // namespace lockstep::comm
