@@ -284,14 +284,19 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     EXPECT_TRUE(std::find(at.begin(), at.end(), per_epoch) != at.end()) << "an epoch's end";
     EXPECT_EQ(at.back(), 40) << "the last step";
 
+    // c, going on from `saved`.
+    const auto from = [&](const Saved& saved) {
+      auto r = c;
+      r.start_step = saved.steps_done;
+      r.initial_params = saved.params;
+      r.initial_buffers = saved.buffers;
+      r.initial_optimizer_state = saved.state;
+      r.initial_optimizer_steps = saved.optimizer_steps;
+      return r;
+    };
     const Saved& mid = checkpoints[2];  // after step 21: mid-epoch
     ASSERT_EQ(mid.steps_done, 21);
-    auto resumed = c;
-    resumed.start_step = mid.steps_done;
-    resumed.initial_params = mid.params;
-    resumed.initial_buffers = mid.buffers;
-    resumed.initial_optimizer_state = mid.state;
-    resumed.initial_optimizer_steps = mid.optimizer_steps;
+    const auto resumed = from(mid);
     std::vector<float> resumed_state;
     TrainHooks after;
     after.on_replica_step = [&](int rank, std::int64_t step, std::span<const float>, std::span<const float> s) {
@@ -309,13 +314,7 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     // From the last step's checkpoint (Note [A job that had ended]): no
     // step runs, and the run ends with the unbroken run's weights and their
     // test accuracy; its loss is not known.
-    const Saved& last = checkpoints.back();
-    auto ended = c;
-    ended.start_step = last.steps_done;
-    ended.initial_params = last.params;
-    ended.initial_buffers = last.buffers;
-    ended.initial_optimizer_state = last.state;
-    ended.initial_optimizer_steps = last.optimizer_steps;
+    const auto ended = from(checkpoints.back());
     TrainHooks none;
     none.on_replica_step = [&](int, std::int64_t step, std::span<const float>, std::span<const float>) {
       ADD_FAILURE() << "step " << step << " ran";
