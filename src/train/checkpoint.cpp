@@ -124,10 +124,11 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& cp,
 // Note [Checkpoints in the background]
 // A checkpoint is written by rank 0 inside a step, and every other replica
 // waits for it at the next collective. Written there, the default MLP's
-// 5.4 MB took ~11 ms (half of it the fsync that makes the rename safe), 1.5
-// steps of 7.5 ms, every --checkpoint-every steps. The replicas need not
-// wait: the state is copied (~1 ms), and a thread of the writer's writes the
-// copy while they train on. The file still appears whole or not at all, and
+// 5.4 MB took ~11 ms (strace: half of it the fsync that makes the rename
+// safe), more than a step, every --checkpoint-every steps. The replicas need
+// not wait: the state is copied, and a thread of the writer's writes the copy
+// while they train on (docs/results.md, "What a checkpoint costs": ~12 ms a
+// checkpoint in the step, ~3.4 ms so). The file still appears whole or not at all, and
 // only after its data is on disk; what changes is when. A failure of rank 0's
 // process between the copy and the rename leaves the checkpoint before it,
 // whole, and a restart goes on from there, bit for bit, a few more steps back.
