@@ -270,8 +270,8 @@ void check_timeline_step(const TrainFlags& f, const data::ImageClassificationDat
 // bound: backward needs as much again for their gradients). When that alone
 // is more than the host has free, the run is refused now: otherwise the
 // kernel's OOM killer ends it part way, without a word. The process that
-// writes checkpoints also keeps a copy of one: the weights, the whole
-// optimizer state and, with --compress bf16, every replica's rounding error.
+// writes checkpoints also keeps a copy of one, and gathers the parts the
+// replicas hold apart to make it.
 void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here,
                   bool checkpoint_copy) {
   const auto [params, activation_floats] = model_size(c, data);
@@ -284,10 +284,13 @@ void check_memory(const train::TrainConfig& c, const data::ImageClassificationDa
                         (c.compression == ddp::Compression::Bf16 ? 1.5 : 0);
   const double state = params * sizeof(float) * copies;
   const double activations = activation_floats * double(c.micro_batch) * sizeof(float);
+  // The copy (weights, the whole optimizer state, with bf16 every replica's
+  // rounding error), and what rank 0 gathers while it makes it (under --zero 1
+  // the whole state, with bf16 the rounding errors).
+  const double slots = cost::optimizer_state_factor(optimizer);
+  const double bf16_parts = c.compression == ddp::Compression::Bf16 ? double(c.replicas) : 0;
   const double checkpoint =
-      checkpoint_copy ? params * sizeof(float) *
-                            (1 + cost::optimizer_state_factor(optimizer) +
-                             (c.compression == ddp::Compression::Bf16 ? double(c.replicas) : 0))
+      checkpoint_copy ? params * sizeof(float) * (1 + slots + bf16_parts + (c.zero == 1 ? slots : 0) + bf16_parts)
                       : 0;
   const double need = replicas_here * (state + activations) + checkpoint;
   const std::optional<double> available = available_memory_bytes();

@@ -442,8 +442,8 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   // 8 bytes a parameter more with --checkpoint.
   {
     ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
-    const std::string one = "train --data " + make_data_dir("cli_copy", 64).string() +
-                            " --replicas 1 --micro-batch 1 --hidden 4000,4000 --steps 1";
+    const std::string base = "train --data " + make_data_dir("cli_copy", 64).string() + " --micro-batch 1 --steps 1";
+    const std::string one = base + " --replicas 1 --hidden 4000,4000";
     const CliRun plain = run(one);
     const CliRun copied = run(one + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
     ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
@@ -459,6 +459,20 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
     EXPECT_NEAR(number_after(copied.output, "needs at least ") - number_after(plain.output, "needs at least "),
                 params * 8 / 1e6, 2)
         << plain.output << copied.output;
+    // With --compress bf16 on 2 replicas, also each replica's rounding error,
+    // copied and, while rank 0 gathers it, gathered: 4 x (2 + 2 x 2) bytes a parameter.
+    ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
+    const std::string bf16 = base + " --replicas 2 --hidden 2000,2000 --compress bf16";
+    const CliRun plain2 = run(bf16);
+    const CliRun copied2 = run(bf16 + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
+    ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+    ASSERT_EQ(plain2.code, 2) << plain2.output;
+    ASSERT_EQ(copied2.code, 2) << copied2.output;
+    const double params2 = number_after(plain2.output, "optimizer state (");
+    ASSERT_GT(params2, 3.9e6) << plain2.output;
+    EXPECT_NEAR(number_after(copied2.output, "needs at least ") - number_after(plain2.output, "needs at least "),
+                params2 * 24 / 1e6, 2)
+        << plain2.output << copied2.output;
   }
   // Activations too: one replica's 7500 samples x 200794 floats through a
   // Linear of 100000 is ~6 GB, x 8 replicas ~48 GB; its weights ~1 GB each.
