@@ -441,38 +441,33 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   // [Checkpoints in the background]): the weights and SGD's momentum, once,
   // 8 bytes a parameter more with --checkpoint.
   {
-    ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
     const std::string base = "train --data " + make_data_dir("cli_copy", 64).string() + " --micro-batch 1 --steps 1";
-    const std::string one = base + " --replicas 1 --hidden 4000,4000";
-    const CliRun plain = run(one);
-    const CliRun copied = run(one + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
-    ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
-    ASSERT_EQ(plain.code, 2) << plain.output;
-    ASSERT_EQ(copied.code, 2) << copied.output;
-    EXPECT_NE(copied.output.find("with a checkpoint's copy (--checkpoint)"), std::string::npos) << copied.output;
     const auto number_after = [](const std::string& text, const std::string& before) {
       const auto at = text.find(before);
       return at == std::string::npos ? -1.0 : std::stod(text.substr(at + before.size()));
     };
-    const double params = number_after(plain.output, "optimizer state (");
-    ASSERT_GT(params, 1.5e7) << plain.output;
-    EXPECT_NEAR(number_after(copied.output, "needs at least ") - number_after(plain.output, "needs at least "),
-                params * 8 / 1e6, 2)
-        << plain.output << copied.output;
+    // For `command` refused with 1 MB free, without and with --checkpoint:
+    // the parameters, and how many MB more the second needs.
+    const auto more_with_checkpoint = [&](const std::string& command) {
+      ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
+      const CliRun plain = run(command);
+      const CliRun copied =
+          run(command + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
+      ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+      EXPECT_EQ(plain.code, 2) << plain.output;
+      EXPECT_EQ(copied.code, 2) << copied.output;
+      EXPECT_NE(copied.output.find("with a checkpoint's copy (--checkpoint)"), std::string::npos) << copied.output;
+      return std::pair(number_after(plain.output, "optimizer state ("),
+                       number_after(copied.output, "needs at least ") - number_after(plain.output, "needs at least "));
+    };
+    const auto [params, more] = more_with_checkpoint(base + " --replicas 1 --hidden 4000,4000");
+    ASSERT_GT(params, 1.5e7);
+    EXPECT_NEAR(more, params * 8 / 1e6, 2);
     // With --compress bf16 on 2 replicas, also each replica's rounding error,
     // copied and, while rank 0 gathers it, gathered: 4 x (2 + 2 x 2) bytes a parameter.
-    ::setenv("LOCKSTEP_MEMORY_AVAILABLE", "1e6", 1);
-    const std::string bf16 = base + " --replicas 2 --hidden 2000,2000 --compress bf16";
-    const CliRun plain2 = run(bf16);
-    const CliRun copied2 = run(bf16 + " --checkpoint " + (fs::path(LOCKSTEP_TEST_TMPDIR) / "cli_copy.st").string());
-    ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
-    ASSERT_EQ(plain2.code, 2) << plain2.output;
-    ASSERT_EQ(copied2.code, 2) << copied2.output;
-    const double params2 = number_after(plain2.output, "optimizer state (");
-    ASSERT_GT(params2, 3.9e6) << plain2.output;
-    EXPECT_NEAR(number_after(copied2.output, "needs at least ") - number_after(plain2.output, "needs at least "),
-                params2 * 24 / 1e6, 2)
-        << plain2.output << copied2.output;
+    const auto [params2, more2] = more_with_checkpoint(base + " --replicas 2 --hidden 2000,2000 --compress bf16");
+    ASSERT_GT(params2, 3.9e6);
+    EXPECT_NEAR(more2, params2 * 24 / 1e6, 2);
   }
   // Activations too: one replica's 7500 samples x 200794 floats through a
   // Linear of 100000 is ~6 GB, x 8 replicas ~48 GB; its weights ~1 GB each.
