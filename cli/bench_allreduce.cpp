@@ -30,6 +30,7 @@
 #include "lockstep/comm/threads.h"
 #include "lockstep/error.h"
 #include "host_memory.h"
+#include "median.h"
 #include "peak_flops.h"
 #include "process_group_flags.h"
 

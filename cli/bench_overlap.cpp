@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "host_memory.h"
 #include "lockstep/train/trainer.h"
+#include "median.h"
 
 namespace lockstep::cli {
 namespace {

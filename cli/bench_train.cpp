@@ -31,6 +31,7 @@
 #include "lockstep/error.h"
 #include "lockstep/nn/gemm.h"
 #include "lockstep/train/trainer.h"
+#include "median.h"
 #include "peak_flops.h"
 
 namespace lockstep::cli {

@@ -45,16 +45,8 @@ Action add_bench_command(CLI::App& app);  // bench_command.cpp: the `bench` grou
 Action add_bench_train_command(CLI::App& bench);
 Action add_bench_allreduce_command(CLI::App& bench);
 Action add_bench_overlap_command(CLI::App& bench);
-// The median of a benchmark's repeats or of a run's per-layer times (the mean
-// of the two middle values for an even count; 0 when empty), shared by the
-// commands (median.cpp).
-double median(std::vector<double> samples);
 Action add_demo_command(CLI::App& app);  // demo_ragged.cpp
 Action add_plan_command(CLI::App& app);  // plan_command.cpp
 Action add_launch_command(CLI::App& app);  // launch_command.cpp
-
-// The git commit this build came from (cmake/build_id.cmake), for --version:
-// "33a1d314c579", "-dirty" after it if the sources were edited, or "unknown".
-const char* git_commit();
 
 }  // namespace lockstep::cli

@@ -1,9 +1,9 @@
-// git_commit() (commands.h): the one file that includes the generated
+// git_commit() (git_commit.h): the one file that includes the generated
 // commit, so that a commit that changed no source recompiles this file alone
 // (it stays out of the unity batches, which a source property would force
 // on any file that has one).
 #include "build_commit.h"  // generated: LOCKSTEP_COMMIT
-#include "commands.h"
+#include "git_commit.h"
 
 namespace lockstep::cli {
 

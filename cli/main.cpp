@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "git_commit.h"
 #include "lockstep/error.h"
 #include "lockstep/version.h"
 

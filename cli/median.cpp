@@ -2,7 +2,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "commands.h"
+#include "median.h"
 
 namespace lockstep::cli {
 

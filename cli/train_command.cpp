@@ -27,6 +27,7 @@
 #include "lockstep/nn/weights_file.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/report.h"
+#include "median.h"
 #include "output_files.h"
 #include "stop_on_signal.h"
 #include "lockstep/comm/collectives.h"

@@ -2,7 +2,7 @@
 // of an even count the mean of the two middle values, in any order.
 #include <gtest/gtest.h>
 
-#include "commands.h"
+#include "median.h"
 
 namespace lockstep::cli {
 namespace {
