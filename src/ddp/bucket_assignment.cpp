@@ -6,8 +6,8 @@
 // taken in reverse, every bucket is one contiguous range of it.
 //
 // Example, the default MLP 784-512-512-10 (4 B per float), caps 1 MiB / 25 MiB:
-//   bucket 0: 5.bias 5.weight 3.bias 3.weight   (20 KiB + 1 MiB: closes)
-//   bucket 1: 1.bias 1.weight                   (1.5 MiB, the first layer)
+//   bucket 0: 4.bias 4.weight 2.bias 2.weight   (20 KiB + 2 KiB + 1 MiB: closes)
+//   bucket 1: 0.bias 0.weight                   (1.5 MiB, the first layer)
 #include <cstdio>
 
 #include "lockstep/ddp/reducer.h"

@@ -391,14 +391,28 @@ const StepTiming& Reducer::finish_step() {
   }
   std::unique_lock lock(s.mu);
   s.timing.wait_start = Clock::now();
-  // The collectives have their own timeouts; this bound only catches a bug.
+  // The collectives have their own timeouts, one per wait, and a bucket's
+  // all-reduce waits once per round: over a slow link it may rightly take
+  // several timeouts in all (2(N-1) rounds of the ring). So this bound only
+  // catches a bug, the communication thread idle with buckets left: it
+  // starts again while the thread is inside a collective or has finished a
+  // bucket since the last look. (It used to bound the whole wait, and failed
+  // healthy steps: 8 replicas on a 50 ms link with --timeout 0.2.)
   const auto rounds = static_cast<comm::Duration::rep>(2 + s.buckets.size());
   const auto guard = s.comm.timeout() >= comm::Duration::max() / rounds ? comm::Duration::max()
                                                                        : s.comm.timeout() * rounds;
-  if (!s.cv.wait_until(lock, comm::deadline_after(guard), [&] { return s.next == s.buckets.size(); })) {
-    const std::string msg = "rank " + std::to_string(s.comm.rank()) +
-                            ": gradient buckets did not finish within " + std::to_string(guard.count()) +
-                            " ms";
+  std::size_t seen = s.next;
+  auto deadline = comm::deadline_after(guard);
+  while (s.next != s.buckets.size()) {
+    if (s.cv.wait_until(lock, deadline) == std::cv_status::no_timeout || s.next == s.buckets.size()) continue;
+    if (s.busy || s.next != seen) {  // still working: the collective's own timeouts bound it
+      seen = s.next;
+      deadline = comm::deadline_after(guard);
+      continue;
+    }
+    const std::string msg = "rank " + std::to_string(s.comm.rank()) + ": gradient bucket " +
+                            std::to_string(s.next) + " was not started within " +
+                            std::to_string(guard.count()) + " ms";
     s.comm.abort(msg);
     throw TimeoutError(msg);
   }

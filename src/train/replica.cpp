@@ -334,6 +334,10 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
     auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced
     auto t_wait_end = t_step;       // the gradients are reduced
+    // Where the step began waiting on communication: the end of backward
+    // (buckets may still be in flight); under --deterministic, the start of
+    // the tree all-reduce, since summing the atoms before it is compute.
+    auto t_wait_start = t_step;
     double buffers_exposed_ms = 0;  // --bn-stats sync: the buffers' all-reduce, after the gradients'
     StepSample sample;
     // One forward and backward over rows [lo, lo + m), `real` of them not
@@ -389,6 +393,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       auto total = atoms.total();
       mark_nonfinite_sentinel(total, nonfinite);
       const auto t_comm = Clock::now();
+      t_wait_start = t_comm;
       const auto sent = comm.stats().bytes_sent;
       const auto messages = comm.stats().messages_sent;
       // Both sum in the one tree over ranks; in one process, shared memory moves the least memory.
@@ -435,7 +440,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       // not until this thread ran again: with more replicas than cores the
       // OS may run others first, and that is counted as compute (as in
       // backward), not as communication.
-      t_wait_end = t_backward_end;
+      t_wait_start = t_wait_end = t_backward_end;
       for (const auto& bt : timing.buckets) t_wait_end = std::max(t_wait_end, bt.end);
       t_wait_end = std::min(t_wait_end, Clock::now());
       for (std::size_t k = 0; k < timing.buckets.size(); ++k) {
@@ -470,8 +475,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (buffers)", t_buffers, t_buffers_end);
       }
     }
-    if (t_wait_end > t_backward_end) {
-      recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_backward_end, t_wait_end);
+    if (t_wait_end > t_wait_start) {
+      recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm", t_wait_start, t_wait_end);
     }
 
     const auto t_optimizer_start = Clock::now();
@@ -545,7 +550,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
-    sample.exposed = ms_between(t_backward_end, t_wait_end) + buffers_exposed_ms + gather_ms + clip_ms;
+    sample.exposed = ms_between(t_wait_start, t_wait_end) + buffers_exposed_ms + gather_ms + clip_ms;
     sample.compute = sample.step - sample.exposed;
     out.steps.push_back(sample);
 

@@ -163,14 +163,24 @@ void write_chrome_trace(const fs::path& path, std::span<const TimelineEvent> eve
                        {"args", {{"sort_index", tid}}}});
     }
   }
+  // Note [Whole nanoseconds]: Perfetto reads ts and dur (microseconds) as
+  // llround(x * 1000) ns each and ends a slice at ts + dur, so two roundings
+  // where the event had one end. For times off the nanosecond grid (a rank's
+  // events moved by its clock offset, gather_timeline), one event then ended
+  // 1 ns after the next on its track began: a partial overlap, which Perfetto
+  // drops (slice_drop_overlapping_complete_event; ~10% of a 3-process trace's
+  // events). Both ends are rounded to whole nanoseconds first, and dur is
+  // their difference, so events that touch still touch.
+  const auto ns = [](double us) { return std::llround(us * 1000); };
   for (const TimelineEvent& e : events) {
     json args = {{"step", e.step}};
     if (e.bytes > 0) args["bytes"] = e.bytes;
+    const long long begin = ns(e.start_us), end = ns(e.end_us);
     trace.push_back({{"ph", "X"},
                      {"name", e.name},
                      {"cat", to_string(e.phase)},
-                     {"ts", e.start_us},
-                     {"dur", e.end_us - e.start_us},
+                     {"ts", double(begin) / 1000},
+                     {"dur", double(end - begin) / 1000},
                      {"pid", 0},
                      {"tid", thread_id(e.replica, e.track)},
                      {"args", args}});

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/run_ranks.h"
+#include "lockstep/comm/modelled_link.h"
 #include "lockstep/ddp/gradient_sync.h"
 #include "lockstep/error.h"
 
@@ -480,6 +481,29 @@ TEST(Reducer, TheLongestTimeoutWaitsInsteadOfOverflowing) {
         reducer.finish_step();
         EXPECT_EQ(grads[0], 1.0f);
       }));
+}
+
+// A bucket's all-reduce waits once per round, each wait within the group's
+// timeout, so over a slow link the whole may rightly take longer than
+// timeout x (2 + buckets), the reducer's bound for its own wait; finish_step
+// used to throw TimeoutError (and abort the group) on such a healthy step.
+// 8 ranks, one bucket, the ring: 14 rounds of 100 ms each (the modelled link
+// delays every message by its latency, so the bucket takes at least 1.4 s)
+// against a 400 ms timeout, whose bound was 1.2 s.
+TEST(Reducer, AnAllreduceOfSeveralTimeoutsInAllIsNotATimeout) {
+  auto comms = comm::with_modelled_link(
+      comm::make_thread_group({.world_size = 8, .timeout = std::chrono::milliseconds(400)}),
+      {.latency = std::chrono::milliseconds(100)});
+  rethrow_first(testing::run_group(comms, [&](comm::Communicator& comm) {
+    std::vector<float> grads(total_numel(), float(comm.rank()));
+    Reducer reducer(comm, grads, kNumels, {.bucket_mb = 0, .algorithm = comm::Algorithm::Ring});
+    ASSERT_EQ(reducer.buckets().size(), 1u);
+    reducer.begin_step(1, 8);
+    for (std::size_t t = kNumels.size(); t-- > 0;) reducer.mark_ready(t);
+    reducer.finish_step();
+    EXPECT_EQ(grads[0], 3.5f);  // the mean of 0..7
+    EXPECT_EQ(grads.back(), 3.5f);
+  }));
 }
 
 TEST(Reducer, AnnouncingATensorTwiceOrNeverIsAnError) {

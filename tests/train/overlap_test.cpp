@@ -230,6 +230,37 @@ TEST(Timeline, ExposedCommunicationEndsWithTheLastAllreduce) {
   EXPECT_GT(exposed_spans, 0);
 }
 
+// --deterministic sums a replica's atoms (AtomTree) after backward and only
+// then all-reduces the total: the summing is compute, so the step waits on
+// communication exactly while the tree all-reduce runs. The exposed span used
+// to start at the end of backward and count the atoms' summation as
+// communication (exposed > comm on every step, seen in a review's --report).
+TEST(Timeline, DeterministicExposedCommunicationIsTheTreeAllreduce) {
+  const auto data = synthetic_data(1024);
+  auto c = config(2, 32);
+  c.steps = 3;
+  c.deterministic = true;
+  c.atom = 8;  // 4 atoms a replica: three additions of the whole gradient before the all-reduce
+  c.record_timeline = true;
+  const auto r = train(c, data);
+  for (int replica = 0; replica < 2; ++replica) {
+    for (std::int64_t s = 0; s < c.steps; ++s) {
+      const TimelineEvent *exposed = nullptr, *allreduce = nullptr;
+      for (const auto* e : events_of(r, replica, s)) {
+        if (e->phase == Phase::Exposed) exposed = e;
+        if (e->phase == Phase::Allreduce) allreduce = e;
+      }
+      ASSERT_NE(allreduce, nullptr) << "replica " << replica << " step " << s;
+      ASSERT_NE(exposed, nullptr) << "replica " << replica << " step " << s;
+      EXPECT_EQ(exposed->start_us, allreduce->start_us) << "replica " << replica << " step " << s;
+      EXPECT_EQ(exposed->end_us, allreduce->end_us) << "replica " << replica << " step " << s;
+    }
+  }
+  // The same spans, so every step's exposed time is its communication time.
+  EXPECT_EQ(r.times.exposed_comm_ms, r.times.comm_ms);
+  EXPECT_EQ(r.times.overlap_fraction, 0.0);
+}
+
 TEST(Metrics, StepTimesAreConsistent) {
   const auto data = synthetic_data(1024);
   const auto r = train(config(4, 16), data);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -214,6 +215,36 @@ TEST_F(ChromeTrace, HoldsEveryEventExactly) {
     EXPECT_EQ(sort[tid].at("tid"), tid);
     EXPECT_EQ(sort[tid].at("args").at("sort_index"), tid);
   }
+}
+
+// Perfetto turns ts and dur into nanoseconds each on its own
+// (llround(us x 1000)) and ends a slice at ts + dur. Events that touch must
+// still touch then: one that ended 1 ns inside the next on its track is a
+// partial overlap, which Perfetto drops. These times are off the nanosecond
+// grid, as a process group's are after the clock offset moves them
+// (gather_timeline); written as they came, the first ended at 4013316 ns and
+// the second began at 4013315 ns.
+TEST_F(ChromeTrace, EventsThatTouchStillTouchInWholeNanoseconds) {
+  const std::vector<TimelineEvent> events = {
+      {0, Track::Compute, Phase::Backward, 0, "backward 1", 2904.0788, 4013.3154},
+      {0, Track::Compute, Phase::Exposed, 0, "exposed comm", 4013.3154, 5000.0},
+      {0, Track::Compute, Phase::Optimizer, 0, "optimizer", 5000.0, 5000.4996}};
+  const auto path = dir_ / "trace.json";
+  write_chrome_trace(path, events, 1);
+  const auto perfetto_ns = [](const json& us) { return std::llround(us.get<double>() * 1000); };
+  std::vector<std::pair<long long, long long>> slices;  // [begin, end) in ns, as Perfetto reads them
+  const json doc = json::parse(read_all(path));
+  for (const json& e : doc.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const long long begin = perfetto_ns(e.at("ts"));
+    slices.emplace_back(begin, begin + perfetto_ns(e.at("dur")));
+  }
+  ASSERT_EQ(slices.size(), events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(slices[i].first, std::llround(events[i].start_us * 1000)) << events[i].name;
+    EXPECT_EQ(slices[i].second, std::llround(events[i].end_us * 1000)) << events[i].name;
+  }
+  for (std::size_t i = 1; i < slices.size(); ++i) EXPECT_EQ(slices[i - 1].second, slices[i].first) << i;
 }
 
 TEST_F(ChromeTrace, ReplacesAnOldFileAndLeavesNoTemporaries) {
