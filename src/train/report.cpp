@@ -202,8 +202,12 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   // over the N-1 replicas that received them.
   const TrafficBytes all = total_sent(r);
   const double received = r.replicas > 1 ? double(all.init_broadcast) / double(r.replicas - 1) : 0.0;
+  // What crossed after it is the run's total over all replicas, unlike the
+  // per-step, per-replica figures above; said so, since under --zero 1 it
+  // reads beside the all-gather's bytes of one step of one replica.
+  const std::uint64_t after = all.repair + all.unaccounted + all.weights;
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
-       "), " + human_bytes(double(all.repair + all.unaccounted + all.weights)) + " after" +
+       "), " + human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
        (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by "
                                                   : " (re-broadcast with the optimizer state by ") +

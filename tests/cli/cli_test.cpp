@@ -778,6 +778,13 @@ TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
   const std::uint64_t whole = j["bytes"]["optimizer_state_unsharded"], mine = j["bytes"]["optimizer_state_per_replica"];
   EXPECT_LT(mine, whole / 4 + 64);
   EXPECT_GT(j["bytes"]["weights_all_gathered_per_step_per_replica"].get<std::uint64_t>(), 0u);
+  // The bytes after the broadcast are the run's, all replicas together (the
+  // report's weights_exchanged_after_init), not one step's of one replica
+  // like the line above them; the summary said only "X after".
+  EXPECT_GT(j["bytes"]["weights_exchanged_after_init"].get<std::uint64_t>(),
+            j["bytes"]["weights_all_gathered_per_step_per_replica"].get<std::uint64_t>());
+  EXPECT_NE(sharded.output.find(" after by all replicas over the run (all-gathered every step"), std::string::npos)
+      << sharded.output;
   EXPECT_EQ(run(common + "--zero 1 --replicas 1").code, 2);
   EXPECT_EQ(run(common + "--zero 2").code, 2);
   // A profile of a sharded step would be sharded twice by lockstep plan --zero 1.
@@ -1665,7 +1672,8 @@ TEST(Cli, InjectedFaultsAreCaughtByTheGuards) {
   EXPECT_NE(repair.output.find("lockstep: warning: replicas diverged"), std::string::npos) << repair.output;
   EXPECT_NE(repair.output.find("1 repair)"), std::string::npos) << repair.output;
   // The repair sent weights after the start, and the summary and report say so.
-  EXPECT_NE(repair.output.find(" after (re-broadcast with the optimizer state by 1 --on-divergence repair)"),
+  EXPECT_NE(repair.output.find(" after by all replicas over the run (re-broadcast with the optimizer state by 1 "
+                               "--on-divergence repair)"),
             std::string::npos)
       << repair.output;
   std::ifstream in(report);
