@@ -93,6 +93,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
          (c.ragged == Ragged::Pad ? " (--ragged pad: padded and masked); "
                                   : " (--ragged weighted: each gradient weighted by its count); ");
   }
+  if (r.samples_dropped_per_epoch > 0) {  // the card's second remedy: never formed
+    s += "an epoch's last " + std::to_string(r.samples_dropped_per_epoch) + " samples are dropped (" +
+         (c.deterministic ? "--deterministic" : "--ragged drop") + "); ";
+  }
   std::snprintf(line, sizeof line, "%lld samples read in all, each by one replica\n", (long long)r.samples_seen);
   s += line;
   // One all-reduce per bucket per step (one in all with --deterministic).
