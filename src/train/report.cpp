@@ -275,8 +275,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                     double(c.clip_grad_norm), (long long)r.clipped_steps, k,
                     k % 2 == 1 ? norms[k / 2] : (norms[k / 2 - 1] + norms[k / 2]) / 2, norms.back());
       s += line;
+      // Per replica, a step's and the run's (the figure alone read as a step's).
+      const double clip_per_replica = double(total_sent(r).clip) / double(r.replicas);
       s += total_sent(r).clip > 0 ? ", from the parts the replicas exchange (--zero 1: " +
-                                        human_bytes(double(total_sent(r).clip) / double(r.replicas)) + " per replica)\n"
+                                        human_bytes(clip_per_replica / double(std::max<std::int64_t>(1, steps_here(r)))) +
+                                        " a step per replica, " + human_bytes(clip_per_replica) + " over the run)\n"
                                   : ", with no communication\n";
     }
   }

@@ -1069,6 +1069,15 @@ TEST(Cli, ClippingAndWarmupShowInProgressSummaryAndReport) {
   EXPECT_EQ(j["clipping"]["clipped_steps"], 10);
   EXPECT_EQ(j["clipping"]["grad_norms"].size(), 10u);
   EXPECT_EQ(j["bytes"]["per_replica_sent"][1]["clip"], 0);
+  // Under --zero 1 the replicas exchange their parts of the norm: 4N floats,
+  // 32(N-1) bytes a replica a step in process. The summary gave the run's
+  // total alone ("320 B per replica"), which read as a step's.
+  const CliRun sharded = run(common + "--quiet --zero 1 --clip-grad-norm 0.001");
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  EXPECT_NE(sharded.output.find("from the parts the replicas exchange (--zero 1: 32 B a step per replica, 320 B over "
+                                "the run)"),
+            std::string::npos)
+      << sharded.output;
   const CliRun plain = run(common + "--quiet --report " + report.string());
   ASSERT_EQ(plain.code, 0) << plain.output;
   EXPECT_EQ(plain.output.find("clipping"), std::string::npos) << plain.output;
