@@ -227,7 +227,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     if (c.deterministic) {
       s += "): each atom's update summed in the atom tree and applied once; identical on every replica\n";
     } else if (c.bn_stats == BnStats::Sync) {
-      s += "): --bn-stats sync, the replicas' updates averaged every step, each weighted by its samples; identical on every replica\n";
+      s += "): --bn-stats sync, the replicas' updates averaged every step, each weighted by its samples; identical on every replica";
+      // Not part of the gradients' all-reduce: one of their own a step, which
+      // the communicated line above does not count.
+      if (steps_here(r) > 0 && !r.traffic.empty() && r.traffic[0].buffers > 0)
+        s += "; " + human_bytes(double(r.traffic[0].buffers) / double(steps_here(r))) +
+             " a step per replica in an all-reduce of their own, beside the gradients'";
+      s += "\n";
     } else {
       s += "): --bn-stats local, each replica updates its own from its own micro-batches; never averaged";
       if (total_sent(r).checkpoint > 0) s += " (gathered to rank 0 for --checkpoint)";

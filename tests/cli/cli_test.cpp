@@ -756,6 +756,25 @@ TEST(Cli, SaveAndInitCarryTheBatchNormStatistics) {
   for (std::size_t i = 0; i < var_a.size(); ++i) EXPECT_GT(var_b[i], 0.8f * var_a[i]) << i;
 }
 
+// --bn-stats sync all-reduces the buffers every step in a collective of its
+// own, beside the gradients'; the summary's buffers line said they were
+// averaged but not what that sent, and the communicated line counts the
+// gradients only.
+TEST(Cli, SyncedBuffersSayWhatTheirAllReduceSends) {
+  const auto dir = make_data_dir("cli_bn_sync", 64, 0, 28);
+  const fs::path report = dir / "r.json";
+  const CliRun r = run("train --data " + dir.string() + " --model cnn --replicas 2 --micro-batch 8 --steps 3 --quiet" +
+                       kStatedPeak + "--bn-stats sync --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(report));
+  const std::uint64_t buffers = j["bytes"]["per_replica_sent"][0]["buffers"];
+  ASSERT_GT(buffers, 0u);
+  EXPECT_NE(r.output.find("identical on every replica; " + std::to_string(buffers / 3) +
+                          " B a step per replica in an all-reduce of their own"),
+            std::string::npos)
+      << r.output;
+}
+
 // --zero 1 from the command line: the same weights file as without it, and
 // the summary and the report say what was sharded and what was sent.
 TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
