@@ -210,8 +210,15 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   // per-step, per-replica figures above; said so, since under --zero 1 it
   // reads beside the all-gather's bytes of one step of one replica.
   const std::uint64_t after = all.repair + all.unaccounted + all.weights;
+  // A --resume run also sends the checkpoint's optimizer state (and each
+  // replica's own parts) at the start, booked apart from the weights.
+  const std::string resumed =
+      all.resume > 0 && r.replicas > 1
+          ? ", and " + human_bytes(double(all.resume) / double(r.replicas - 1)) +
+                " more of the checkpoint's state for --resume"
+          : "";
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
-       "), " + human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
+       resumed + "), " + human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
        (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by "
                                                   : " (re-broadcast with the optimizer state by ") +

@@ -1596,6 +1596,10 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   EXPECT_NE(again.output.find("--auto-resume: going on from " + checkpoint + " after step 4"), std::string::npos)
       << again.output;
   EXPECT_TRUE(k.files_equal("whole.st", "again.st")) << "the resumed run's weights differ from the unbroken run's";
+  // Rank 0 broadcast the checkpoint's optimizer state with the weights; the
+  // summary named the weights only.
+  EXPECT_NE(again.output.find(" more of the checkpoint's state for --resume), 0 B after"), std::string::npos)
+      << again.output;
 
   // The checkpoint now holds the ended job (Note [A job that had ended]): a
   // job restarted after its last checkpoint runs no step, and ends as the
