@@ -63,7 +63,9 @@ std::string plan_table(const Plan& plan) {
       : s.launch == StepOptions::Launch::Cycles
           ? (s.bucket_mb > 0 ? strf("fused every %.3g ms up to %.3g MiB", s.cycle_ms, s.bucket_mb)
                              : strf("every %.3g ms, not fused", s.cycle_ms))
-          : strf("buckets %.3g/%.3g MiB%s", s.first_bucket_mb, s.bucket_mb,
+          : s.bucket_mb == 0  // one bucket, whatever the first bucket's cap (assign_buckets)
+              ? std::string("one bucket (--bucket-mb 0)")
+              : strf("buckets %.3g/%.3g MiB%s", s.first_bucket_mb, s.bucket_mb,
                  s.one_bucket_on_shared_cores && s.host_cores > 0
                      ? strf(" (one where the replicas fill the %d cores, as lockstep train)", s.host_cores).c_str()
                      : "");

@@ -93,6 +93,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
          (c.ragged == Ragged::Pad ? " (--ragged pad: padded and masked); "
                                   : " (--ragged weighted: each gradient weighted by its count); ");
   }
+  if (r.samples_dropped_per_epoch > 0) {  // the card's second remedy: never formed
+    s += "an epoch's last " + std::to_string(r.samples_dropped_per_epoch) + " samples are dropped (" +
+         (c.deterministic ? "--deterministic" : "--ragged drop") + "); ";
+  }
   std::snprintf(line, sizeof line, "%lld samples read in all, each by one replica\n", (long long)r.samples_seen);
   s += line;
   // One all-reduce per bucket per step (one in all with --deterministic).
@@ -202,8 +206,19 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   // over the N-1 replicas that received them.
   const TrafficBytes all = total_sent(r);
   const double received = r.replicas > 1 ? double(all.init_broadcast) / double(r.replicas - 1) : 0.0;
+  // What crossed after it is the run's total over all replicas, unlike the
+  // per-step, per-replica figures above; said so, since under --zero 1 it
+  // reads beside the all-gather's bytes of one step of one replica.
+  const std::uint64_t after = all.repair + all.unaccounted + all.weights;
+  // A --resume run also sends the checkpoint's optimizer state (and each
+  // replica's own parts) at the start, booked apart from the weights.
+  const std::string resumed =
+      all.resume > 0 && r.replicas > 1
+          ? ", and " + human_bytes(double(all.resume) / double(r.replicas - 1)) +
+                " more of the checkpoint's state for --resume"
+          : "";
   s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
-       "), " + human_bytes(double(all.repair + all.unaccounted + all.weights)) + " after" +
+       resumed + "), " + human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
        (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by "
                                                   : " (re-broadcast with the optimizer state by ") +
@@ -219,7 +234,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     if (c.deterministic) {
       s += "): each atom's update summed in the atom tree and applied once; identical on every replica\n";
     } else if (c.bn_stats == BnStats::Sync) {
-      s += "): --bn-stats sync, the replicas' updates averaged every step, each weighted by its samples; identical on every replica\n";
+      s += "): --bn-stats sync, the replicas' updates averaged every step, each weighted by its samples; identical on every replica";
+      // Not part of the gradients' all-reduce: one of their own a step, which
+      // the communicated line above does not count.
+      if (steps_here(r) > 0 && !r.traffic.empty() && r.traffic[0].buffers > 0)
+        s += "; " + human_bytes(double(r.traffic[0].buffers) / double(steps_here(r))) +
+             " a step per replica in an all-reduce of their own, beside the gradients'";
+      s += "\n";
     } else {
       s += "): --bn-stats local, each replica updates its own from its own micro-batches; never averaged";
       if (total_sent(r).checkpoint > 0) s += " (gathered to rank 0 for --checkpoint)";
@@ -267,8 +288,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
                     double(c.clip_grad_norm), (long long)r.clipped_steps, k,
                     k % 2 == 1 ? norms[k / 2] : (norms[k / 2 - 1] + norms[k / 2]) / 2, norms.back());
       s += line;
+      // Per replica, a step's and the run's (the figure alone read as a step's).
+      const double clip_per_replica = double(total_sent(r).clip) / double(r.replicas);
       s += total_sent(r).clip > 0 ? ", from the parts the replicas exchange (--zero 1: " +
-                                        human_bytes(double(total_sent(r).clip) / double(r.replicas)) + " per replica)\n"
+                                        human_bytes(clip_per_replica / double(std::max<std::int64_t>(1, steps_here(r)))) +
+                                        " a step per replica, " + human_bytes(clip_per_replica) + " over the run)\n"
                                   : ", with no communication\n";
     }
   }

@@ -113,5 +113,19 @@ TEST(Render, TableHeaderNamesTheLinkInReadableUnits) {
   EXPECT_EQ(t.find("e+"), std::string::npos) << t.substr(0, 300);
 }
 
+// --bucket-mb 0 is one bucket, as in lockstep train; the header read
+// "buckets 1/0 MiB", a first bucket of 1 MiB and then buckets of nothing.
+TEST(Render, TableHeaderSaysOneBucketForBucketMbZero) {
+  PlanOptions o;
+  o.device = device_preset("cpu");
+  o.step.micro_batch = 32;
+  o.step.bucket_mb = 0;
+  const Profile p = profile_from_spec(mlp_model(784, {512, 512}, 10), o.device, 32, 5);
+  const std::string t = plan_table(make_plan(p, o));
+  EXPECT_NE(t.find("all-reduce best, one bucket (--bucket-mb 0), accumulate 1"), std::string::npos)
+      << t.substr(0, 300);
+  EXPECT_EQ(t.find("/0 MiB"), std::string::npos) << t.substr(0, 300);
+}
+
 }  // namespace
 }  // namespace lockstep::cost

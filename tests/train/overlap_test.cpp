@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "lockstep/error.h"
+#include "lockstep/train/report.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
 #include "train/replica.h"
@@ -51,11 +52,13 @@ TEST(Accumulate, FourMicroStepsOfSixteenEqualOneStepOfSixtyFour) {
 TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
   const auto data = synthetic_data(1003);
   std::map<Ragged, TrainResult> runs;
+  std::map<Ragged, TrainConfig> configs;
   for (auto policy : {Ragged::Weighted, Ragged::Pad, Ragged::Drop}) {
     auto c = config(8, 32);
     c.steps = 0;
     c.epochs = 2;
     c.ragged = policy;
+    configs[policy] = c;
     runs[policy] = train(c, data);
   }
   auto whole = config(1, 256);
@@ -72,9 +75,19 @@ TEST(Ragged, PadAndWeightedBothGiveTheExactMeanAndDropSkipsTheBatch) {
     EXPECT_EQ(runs[policy].last_step_max_shard, 30);
   }
   EXPECT_EQ(runs[Ragged::Drop].last_step_samples, 0);
+  // What drop left out is said too: the summary was silent about it, and
+  // showed only fewer samples read.
+  EXPECT_EQ(runs[Ragged::Drop].samples_dropped_per_epoch, 235);
+  EXPECT_NE(summary_text(configs[Ragged::Drop], runs[Ragged::Drop])
+                .find("an epoch's last 235 samples are dropped (--ragged drop); 1536 samples read in all"),
+            std::string::npos)
+      << summary_text(configs[Ragged::Drop], runs[Ragged::Drop]);
+  for (auto policy : {Ragged::Weighted, Ragged::Pad}) EXPECT_EQ(runs[policy].samples_dropped_per_epoch, 0);
   auto short_run = config(8, 32);
   short_run.steps = 2;  // ends before the epoch's last step
-  EXPECT_EQ(train(short_run, data).last_step_samples, 0);
+  const auto short_result = train(short_run, data);
+  EXPECT_EQ(short_result.last_step_samples, 0);
+  EXPECT_EQ(short_result.samples_dropped_per_epoch, 0);
   EXPECT_LT(max_abs_diff(runs[Ragged::Weighted].params, reference.params), 2e-6f);
   EXPECT_LT(max_abs_diff(runs[Ragged::Pad].params, reference.params), 2e-6f);
   EXPECT_GT(max_abs_diff(runs[Ragged::Drop].params, reference.params), 1e-4f)

@@ -242,6 +242,10 @@ struct TrainResult {
   // and largest shard (the sampler cuts them as evenly as it can); 0 when
   // every step is full, --ragged drop drops the rest, or the run ends before it.
   std::int64_t last_step_samples = 0, last_step_min_shard = 0, last_step_max_shard = 0;
+  // The samples an epoch leaves out: its last, partial batch, which
+  // --ragged drop and --deterministic never form; 0 when every step is full,
+  // the batch is kept, or the run ends before an epoch's last step.
+  std::int64_t samples_dropped_per_epoch = 0;
   double final_loss = 0;
   std::optional<double> test_accuracy;
   std::vector<double> epoch_test_accuracy;
