@@ -1,6 +1,9 @@
 // `lockstep demo ragged`: the card's ragged-shard case on real data.
 //
-// One global batch of 235 samples, cut as the card cuts it: seven replicas
+// First the card's premise: one global batch of 256 samples in eight equal
+// shards of 32, whose plain average of means is the full-batch gradient
+// ("a mean of equal-sized means is the mean of the whole"), up to float
+// rounding. Then one global batch of 235 samples, cut as the card cuts it: seven replicas
 // with 32 samples and one with 11. Each replica computes the mean gradient
 // over its own shard. Then, against the gradient of one model over all 235:
 //   plain     the average of the eight means (the short shard's samples
@@ -70,9 +73,11 @@ int run_demo_ragged(const DemoFlags& flags) {
   train::TrainConfig c;
   c.seed = flags.seed;
   const std::int64_t global = kShard * (kReplicas - 1) + kShort;  // 235
-  if (d.size < global) {
-    throw InvalidArgument("demo ragged takes one global batch of " + std::to_string(global) + " training samples, and " +
-                          flags.data_dir + " has " + std::to_string(d.size) + "; give --data a larger set.");
+  const std::int64_t equal_global = kShard * kReplicas;              // 256
+  if (d.size < equal_global) {
+    throw InvalidArgument("demo ragged takes one global batch of " + std::to_string(equal_global) +
+                          " training samples, and " + flags.data_dir + " has " + std::to_string(d.size) +
+                          "; give --data a larger set.");
   }
   auto counts = [](int r) { return r == kReplicas - 1 ? kShort : kShard; };
 
@@ -85,6 +90,14 @@ int run_demo_ragged(const DemoFlags& flags) {
     throw InvalidArgument("the full-batch gradient of " + flags.data_dir + "'s first " + std::to_string(global) +
                           " samples is zero (its labels give " + std::to_string(d.num_classes) +
                           " class(es)), so there is no error to show; give --data a set with 2 or more classes.");
+  }
+
+  // Equal shards: the plain average of the eight means against all 256.
+  const auto full_equal = shard_gradient(*model, d, 0, equal_global, equal_global);
+  std::vector<float> equal(full_equal.size(), 0.0f);
+  for (int r = 0; r < kReplicas; ++r) {
+    const auto g = shard_gradient(*model, d, r * kShard, kShard, kShard);
+    for (std::size_t i = 0; i < equal.size(); ++i) equal[i] += g[i] / kReplicas;
   }
 
   std::vector<std::vector<float>> local(kReplicas);
@@ -127,13 +140,14 @@ int run_demo_ragged(const DemoFlags& flags) {
   const auto padded = reduce(true);
 
   std::printf(
-      "One global batch of %lld samples of %s, cut as the card cuts it: %d replicas x %lld samples "
-      "and one "
-      "x %lld.\nEach replica's gradient is the mean over its own shard. Compared with the gradient of one "
-      "model "
-      "over all %lld samples (relative L2 error):\n",
-      (long long)global, flags.data_dir.c_str(), kReplicas - 1, (long long)kShard, (long long)kShort,
-      (long long)global);
+      "Each replica's gradient is the mean over its own shard, compared below with the gradient of one model "
+      "over the whole global batch (relative L2 error), on %s.\n"
+      "Equal shards: one global batch of %lld samples, %d replicas x %lld.\n"
+      "  equal     average of the %d replicas' means            %.3e   exact up to float rounding: a mean of "
+      "equal-sized means is the mean of the whole\n"
+      "Ragged shards: one global batch of %lld samples, cut as the card cuts it: %d replicas x %lld and one x %lld.\n",
+      flags.data_dir.c_str(), (long long)equal_global, kReplicas, (long long)kShard, kReplicas,
+      relative_error(equal, full_equal), (long long)global, kReplicas - 1, (long long)kShard, (long long)kShort);
   // Against the true mean (each sample 1/global), the plain average gives a
   // sample of the short shard 1/(N x short) and any other 1/(N x shard).
   const double n = kReplicas;
