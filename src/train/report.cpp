@@ -83,8 +83,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
        (r.zero == 1 ? " (--zero 1: at most this much of the " + human_bytes(double(r.optimizer_state_bytes_whole)) +
                           " each replica would hold; not replicated but sharded, " + r.optimizer_description + ")\n"
                     : " (" + r.optimizer_description + ")\n");
-  std::snprintf(line, sizeof line, "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; ",
-                (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate));
+  if (r.replicas == 1) {  // nothing to split, nothing to communicate
+    std::snprintf(line, sizeof line, "  split        each step's %lld samples all go to the one replica; ",
+                  (long long)r.global_batch);
+  } else {
+    std::snprintf(line, sizeof line, "  split        each step's %lld samples are cut into %lld disjoint shards of %lld; ",
+                  (long long)r.global_batch, (long long)r.replicas, (long long)(r.micro_batch * r.accumulate));
+  }
   s += line;
   if (r.last_step_samples > 0) {  // the epoch's last, partial step
     std::string shards = std::to_string(r.last_step_min_shard);
@@ -124,7 +129,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
               "2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
               ", independent of the micro-batch)\n";
   }
-  if (r.traffic.size() > 1 && hi > lo * 1.01 + 64) {
+  if (r.replicas == 1) {
+    s += "  communicated nothing: one replica has no other to all-reduce with (2P(N-1)/N = 0 B)\n";
+  } else if (r.traffic.size() > 1 && hi > lo * 1.01 + 64) {
     s += "  communicated per step: rank 0 " + human_bytes(double(gradient_bytes_per_step(r))) +
          " of gradients, the replicas " + human_bytes(lo) + " to " + human_bytes(hi) + " (mean " +
          human_bytes(sum / double(r.traffic.size())) + "), in " + calls + formula;
@@ -189,8 +196,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += line;
   }
   std::snprintf(line, sizeof line,
-                "  step time    %.2f ms (median): compute %.2f, communication %.2f of which exposed %.2f "
-                "(overlap %.0f%%)\n",
+                "  step time    %.2f ms (median): compute %.2f, communication %.2f, exposed (waited for) %.2f, "
+                "overlap %.0f%% (each its own median)\n",
                 r.times.step_ms, r.times.compute_ms, r.times.comm_ms, r.times.exposed_comm_ms,
                 100 * r.times.overlap_fraction);
   // Note [A job that had ended]: nothing was timed.
@@ -217,8 +224,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
           ? ", and " + human_bytes(double(all.resume) / double(r.replicas - 1)) +
                 " more of the checkpoint's state for --resume"
           : "";
-  s += "               weights: broadcast once at start (each other replica received " + human_bytes(received) +
-       resumed + "), " + human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
+  s += (r.replicas == 1 ? "               weights: one replica, no other to broadcast them to, "
+                         : "               weights: broadcast once at start (each other replica received " +
+                               human_bytes(received) + resumed + "), ") +
+       human_bytes(double(after)) + " after" + (after > 0 ? " by all replicas over the run" : "") +
        (all.weights > 0 ? " (all-gathered every step: --zero 1 shards the update, not the weights)" : "") +
        (all.repair > 0 ? std::string(r.zero == 1 ? " (re-broadcast by "
                                                   : " (re-broadcast with the optimizer state by ") +

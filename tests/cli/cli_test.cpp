@@ -394,7 +394,7 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   // Checked before any work, each naming what to change.
   const std::vector<std::pair<std::string, std::string>> early = {
       {"bench overlap --replicas 1 --data " + dir.string(), "needs at least 2 replicas"},
-      {"demo ragged --data " + dir.string(), "takes one global batch of 235 training samples"},
+      {"demo ragged --data " + dir.string(), "takes one global batch of 256 training samples"},
       // One class: the full-batch gradient is zero, and the errors printed as NaN, "exact".
       {"demo ragged --data " + make_data_dir("cli_one_class", 256, 0, 4, 1).string(),
        "so there is no error to show; give --data a set with 2 or more classes"},
@@ -938,8 +938,18 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
   EXPECT_NE(det.output.find("of gradients in one all-reduce ("), std::string::npos) << det.output;
   EXPECT_EQ(det.output.find("--algorithm ring"), std::string::npos) << "a flag --deterministic refuses";
   EXPECT_TRUE(nlohmann::json::parse(std::ifstream(det_report))["buckets"].empty());
-  // The saved weights load back as --init.
-  EXPECT_EQ(run(common + " --steps 1 --init " + weights.string()).code, 0);
+  // The saved weights load back as --init. One replica has nothing to split
+  // or communicate, and the summary says so (it said "cut into 1 disjoint
+  // shards", "0 B of gradients in 2 all-reduces", "each other replica
+  // received 0 B").
+  const CliRun one = run("train --data " + dir.string() + " --replicas 1 --micro-batch 4 --hidden 8 --steps 1 --init " +
+                         weights.string());
+  EXPECT_EQ(one.code, 0) << one.output;
+  EXPECT_NE(one.output.find("samples all go to the one replica"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("communicated nothing: one replica has no other to all-reduce with"), std::string::npos)
+      << one.output;
+  EXPECT_NE(one.output.find("weights: one replica, no other to broadcast them to"), std::string::npos) << one.output;
+  EXPECT_EQ(one.output.find("each other replica"), std::string::npos) << one.output;
   // And a model of another shape refuses them, naming a tensor.
   const CliRun other =
       run("train --data " + dir.string() + " --hidden 9 --steps 1 --init " + weights.string());
