@@ -119,7 +119,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     const double b = double(r.traffic[i].gradients) / double(steps_here(r));
     lo = i == 0 ? b : std::min(lo, b), hi = i == 0 ? b : std::max(hi, b), sum += b;
   }
+  // With --compress bf16, P is the gradients' bf16 bytes, half the float32 ones above.
   std::string formula = " (2P(N-1)/N = " + human_bytes(double(r.allreduce_bytes_per_step_formula)) +
+                        (c.compression == ddp::Compression::Bf16
+                             ? " for P = " + human_bytes(double(r.grad_bytes) / 2) + " of gradients in bf16"
+                             : std::string()) +
                         ", independent of the micro-batch)\n";
   if (r.zero == 1 && steps_here(r) > 0 && !r.traffic.empty()) {  // the other half: the weights' all-gather
     formula = ", then " + human_bytes(double(r.traffic[0].weights) / double(steps_here(r))) +
@@ -157,9 +161,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
            "does not report its traffic\n";
     } else {
       std::snprintf(line, sizeof line,
-                    "               counted message by message: %.4g messages per step (the all-reduces' rounds "
-                    "and segments; over processes, each all-reduce's fingerprint check too)\n",
-                    double(t0.gradient_messages) / double(steps_here(r)));
+                    "               counted message by message: %.4g messages per step (the %s' rounds "
+                    "and segments; over processes, each one's fingerprint check too)\n",
+                    double(t0.gradient_messages) / double(steps_here(r)),
+                    r.zero == 1 && !c.deterministic ? "reduce-scatters" : "all-reduces");
       s += line;
     }
   }
@@ -204,9 +209,10 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   s += steps_here(r) > 0 ? line : "  step time    none: this run went on from the job's last step, and ran no step\n";
   if (!std::isnan(r.times.comm_wait_ms) && r.replicas > 1) {  // Note [Waiting for the last replica]
     std::snprintf(line, sizeof line,
-                  "               communication: %.2f ms waiting for the last replica to join the all-reduce, "
+                  "               communication: %.2f ms waiting for the last replica to join the %s, "
                   "%.2f ms once all had joined (each its own median, so the two need not add up)\n",
-                  r.times.comm_wait_ms, r.times.comm_joined_ms);
+                  r.times.comm_wait_ms, r.zero == 1 && !c.deterministic ? "reduce-scatter" : "all-reduce",
+                  r.times.comm_joined_ms);
     s += line;
   }
   // Measured: all bytes the replicas sent in the initial broadcast, spread

@@ -534,7 +534,11 @@ TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   const CliRun bf16 = run(common + "--steps 1 --compress bf16 --algorithm halving_doubling");
   EXPECT_EQ(bf16.code, 2);
   EXPECT_NE(bf16.output.find("--compress bf16 all-reduces with its own ring"), std::string::npos) << bf16.output;
-  EXPECT_EQ(run(common + "--steps 1 --compress bf16 --algorithm ring --quiet").code, 0);
+  const CliRun ring_bf16 = run(common + "--steps 1 --compress bf16 --algorithm ring --quiet");
+  EXPECT_EQ(ring_bf16.code, 0) << ring_bf16.output;
+  // The formula's P is the bf16 bytes, half the float32 gradients' named above it.
+  EXPECT_NE(ring_bf16.output.find(" of gradients in bf16, independent of the micro-batch)"), std::string::npos)
+      << ring_bf16.output;
   const CliRun late = run(common + "--steps 4 --inject nan@4:1");
   EXPECT_EQ(late.code, 2);
   EXPECT_NE(late.output.find("--inject names step 4, past the run's last step (3)"), std::string::npos)
@@ -792,6 +796,8 @@ TEST(Cli, ZeroOneShardsTheStateAndSavesTheSameWeights) {
   EXPECT_EQ(bytes(a), bytes(b)) << "--zero 1 trained other weights";
   EXPECT_NE(sharded.output.find("of gradients in one reduce-scatter, one bucket, then"), std::string::npos) << sharded.output;
   EXPECT_NE(sharded.output.find("of weights all-gathered after the optimizer step"), std::string::npos);
+  EXPECT_NE(sharded.output.find("waiting for the last replica to join the reduce-scatter"), std::string::npos)
+      << sharded.output;
   const auto j = nlohmann::json::parse(bytes(report));
   EXPECT_EQ(j["config"]["zero"], 1);
   const std::uint64_t whole = j["bytes"]["optimizer_state_unsharded"], mine = j["bytes"]["optimizer_state_per_replica"];
