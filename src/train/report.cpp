@@ -265,6 +265,11 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       s += "\n";
     }
   }
+  // The card's other non-parameter state: dropout masks (Note [Keyed dropout] in src/nn/dropout.cpp).
+  if (r.model_description.find("Dropout(") != std::string::npos) {
+    s += "  dropout      masks drawn per sample from (seed, step, the sample's index): each replica's differ, as its "
+         "samples do, and are never communicated; a sample gets the same mask whichever replica runs it\n";
+  }
   s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
        " fields agreed, weights verified after the broadcast; ";
   if (c.check_every > 0) {

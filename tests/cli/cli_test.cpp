@@ -777,6 +777,12 @@ TEST(Cli, SyncedBuffersSayWhatTheirAllReduceSends) {
                           " B a step per replica in an all-reduce of their own"),
             std::string::npos)
       << r.output;
+  // The CNN's dropout: its masks are the card's other non-parameter state,
+  // per sample, never communicated. The MLP has none, and no such line.
+  EXPECT_NE(r.output.find("  dropout      masks drawn per sample"), std::string::npos) << r.output;
+  const CliRun mlp = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet" + kStatedPeak);
+  ASSERT_EQ(mlp.code, 0) << mlp.output;
+  EXPECT_EQ(mlp.output.find("dropout"), std::string::npos) << mlp.output;
 }
 
 // --zero 1 from the command line: the same weights file as without it, and
