@@ -272,6 +272,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   std::vector<std::int64_t> order;
   double window[2] = {0, 0};  // loss sum, samples since the last report
   std::size_t window_first_step = 0;
+  std::int64_t window_start = c.start_step;  // the first step the loss window holds
   // Note [Paced stop votes]: the replicas must stop after the same step, so
   // a stop request is a vote, an all-reduce. Voting only at progress points
   // (every --log-every steps) left a Ctrl-C unheard for up to 50 steps: 0.4 s
@@ -599,6 +600,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       window_clipped = 0;
       window_first_step = out.steps.size();
       out.final_loss = p.loss;
+      out.final_loss_first_step = window_start;
+      window_start = step + 1;
       window[0] = window[1] = 0;
       if ((epoch_end || stop) && c.evaluate) {  // stopped: the weights the run ends with
         const auto t0 = Clock::now();

@@ -62,6 +62,7 @@ struct StepSample {  // one step of one replica, in ms
 struct ReplicaOutput {
   TrafficBytes traffic;
   double final_loss = 0;
+  std::int64_t final_loss_first_step = 0;  // the window's first step (0-based)
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;
   std::int64_t epochs_run = 0;

@@ -318,6 +318,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   }
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += std::isnan(r.final_loss) && steps_here(r) == 0 ? "  result       final loss not known (no step ran)" : line;
+  // A resumed run's loss window starts at its first step: the unbroken run's
+  // may have held steps before the resume, which a checkpoint does not keep.
+  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_first_step == r.resumed_from_step + 1) {
+    std::snprintf(line, sizeof line, " (over steps %lld to %lld: a resumed run's loss window starts at its first step)",
+                  (long long)r.final_loss_first_step, (long long)r.final_loss_last_step);
+    s += line;
+  }
   if (r.test_accuracy) {
     std::snprintf(line, sizeof line, ", test accuracy %.4f", *r.test_accuracy);
     s += line;
@@ -356,6 +363,7 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["resumed_from_step"] = r.resumed_from_step;
   j["epochs"] = r.epochs_run;
   j["final_loss"] = r.final_loss;
+  j["final_loss_steps"] = {r.final_loss_first_step, r.final_loss_last_step};
   j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();
   j["epoch_test_accuracy"] = r.epoch_test_accuracy;
   j["samples_per_s"] = r.samples_per_s;

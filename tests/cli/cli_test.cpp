@@ -1624,6 +1624,9 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   // summary named the weights only.
   EXPECT_NE(again.output.find(" more of the checkpoint's state for --resume), 0 B after"), std::string::npos)
       << again.output;
+  // Its final loss is the unbroken run's last window, steps 9 to 12 after
+  // the epoch's end at 8, so no note that its window was cut by the resume.
+  EXPECT_EQ(again.output.find("a resumed run's loss window"), std::string::npos) << again.output;
 
   // The checkpoint now holds the ended job (Note [A job that had ended]): a
   // job restarted after its last checkpoint runs no step, and ends as the

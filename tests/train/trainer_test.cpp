@@ -20,6 +20,7 @@
 #include "lockstep/error.h"
 #include "lockstep/nn/safetensors.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/report.h"
 #include "synthetic_data.h"
 
 namespace lockstep::train {
@@ -310,6 +311,23 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     EXPECT_EQ(0, std::memcmp(r.params.data(), whole.params.data(), whole.params.size() * sizeof(float)));
     ASSERT_EQ(resumed_state.size(), final_state.size());
     EXPECT_EQ(0, std::memcmp(resumed_state.data(), final_state.data(), final_state.size() * sizeof(float)));
+    // The final loss is the last progress window's, steps 33 to 40 (after
+    // the epoch's end at 32), which the resumed run holds whole: the same.
+    EXPECT_EQ(whole.final_loss_first_step, 33);
+    EXPECT_EQ(whole.final_loss_last_step, 40);
+    EXPECT_EQ(r.final_loss_first_step, 33);
+    EXPECT_EQ(r.final_loss, whole.final_loss);
+    // Resumed inside that window (after step 35), its window holds its own
+    // steps only, and the summary says so.
+    const auto late = std::find_if(checkpoints.begin(), checkpoints.end(), [](const Saved& s) { return s.steps_done == 35; });
+    ASSERT_NE(late, checkpoints.end());
+    const auto rl = train(from(*late), data);
+    EXPECT_EQ(rl.final_loss_first_step, 36);
+    EXPECT_EQ(rl.final_loss_last_step, 40);
+    EXPECT_NE(summary_text(c, rl).find("(over steps 36 to 40: a resumed run's loss window starts at its first step)"),
+              std::string::npos)
+        << summary_text(c, rl);
+    EXPECT_EQ(summary_text(c, r).find("a resumed run's loss window"), std::string::npos) << summary_text(c, r);
 
     // From the last step's checkpoint (Note [A job that had ended]): no
     // step runs, and the run ends with the unbroken run's weights and their

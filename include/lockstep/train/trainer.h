@@ -247,6 +247,9 @@ struct TrainResult {
   // the batch is kept, or the run ends before an epoch's last step.
   std::int64_t samples_dropped_per_epoch = 0;
   double final_loss = 0;
+  // The steps final_loss is the mean over, 1-based: the last progress
+  // window (a resumed run's begins no earlier than its first step).
+  std::int64_t final_loss_first_step = 0, final_loss_last_step = 0;
   std::optional<double> test_accuracy;
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;  // step loop only, without evaluation
