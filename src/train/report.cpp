@@ -3,6 +3,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/version.h"
@@ -210,10 +211,21 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   if (!std::isnan(r.times.comm_wait_ms) && r.replicas > 1) {  // Note [Waiting for the last replica]
     std::snprintf(line, sizeof line,
                   "               communication: %.2f ms waiting for the last replica to join the %s, "
-                  "%.2f ms once all had joined (each its own median, so the two need not add up)\n",
+                  "%.2f ms once all had joined (each its own median, so the two need not add up)",
                   r.times.comm_wait_ms, r.zero == 1 && !c.deterministic ? "reduce-scatter" : "all-reduce",
                   r.times.comm_joined_ms);
     s += line;
+    // More replicas than cores: the OS runs the others' compute inside both
+    // parts, which a learner would read as a communication-bound step.
+    const int cores = c.cores > 0 ? c.cores : static_cast<int>(std::thread::hardware_concurrency());
+    if (cores > 0 && r.replicas > cores) {
+      std::snprintf(line, sizeof line,
+                    "; %lld replicas share %d cores, so both hold the time the OS ran the other replicas' "
+                    "compute (lockstep bench allreduce times the all-reduce alone)",
+                    (long long)r.replicas, cores);
+      s += line;
+    }
+    s += "\n";
   }
   // Measured: all bytes the replicas sent in the initial broadcast, spread
   // over the N-1 replicas that received them.

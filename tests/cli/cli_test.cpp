@@ -1161,6 +1161,18 @@ TEST(Cli, ReplicasSharingTheCoresTakeOneBucket) {
     EXPECT_EQ(r.output.find("every gradient in one: the replicas share the cores") != std::string::npos, k.one_bucket)
         << k.flags << "\n" << r.output;
   }
+  // More replicas than cores: the communication times hold the other
+  // replicas' compute, and the summary says so (a learner read the default
+  // run as communication-bound).
+  if (cores < 64) {
+    const std::string more = std::to_string(cores + 1);
+    const CliRun r = run("train --data " + dir.string() + " --replicas " + more + " --micro-batch 1 --steps 2" +
+                         kStatedPeak);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("; " + more + " replicas share "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("so both hold the time the OS ran the other replicas' compute"), std::string::npos)
+        << r.output;
+  }
 }
 
 TEST(Cli, AccumulateIsInTheSummary) {
