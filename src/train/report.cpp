@@ -375,7 +375,10 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["resumed_from_step"] = r.resumed_from_step;
   j["epochs"] = r.epochs_run;
   j["final_loss"] = r.final_loss;
-  j["final_loss_steps"] = {r.final_loss_first_step, r.final_loss_last_step};
+  // null where no step ran, as final_loss is then.
+  j["final_loss_steps"] = r.final_loss_first_step > 0
+                              ? nlohmann::json{r.final_loss_first_step, r.final_loss_last_step}
+                              : nlohmann::json();
   j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();
   j["epoch_test_accuracy"] = r.epoch_test_accuracy;
   j["samples_per_s"] = r.samples_per_s;

@@ -1663,6 +1663,10 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   const auto report = nlohmann::json::parse(std::ifstream(out / "ended.json"));
   EXPECT_EQ(report["resumed_from_step"], 12);
   EXPECT_EQ(report["steps"], 12);
+  // No step ran, so there is no loss and no window of steps it is over (the
+  // report said [1, 12] beside the null loss).
+  EXPECT_TRUE(report["final_loss"].is_null()) << report["final_loss"];
+  EXPECT_TRUE(report["final_loss_steps"].is_null()) << report["final_loss_steps"];
   // Run again, it keeps the report there (of the run that trained, or a
   // job run again after it ended): a run of no step has no timings to give.
   {

@@ -345,6 +345,9 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     ASSERT_TRUE(whole.test_accuracy.has_value());
     EXPECT_EQ(e.test_accuracy, whole.test_accuracy);
     EXPECT_TRUE(std::isnan(e.final_loss)) << e.final_loss;
+    // Nor the steps it would be over (they read 1 to 40 beside the NaN).
+    EXPECT_EQ(e.final_loss_first_step, 0);
+    EXPECT_EQ(e.final_loss_last_step, 0);
     EXPECT_EQ(e.samples_per_s, 0);
   }
 }
