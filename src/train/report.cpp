@@ -331,8 +331,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += std::isnan(r.final_loss) && steps_here(r) == 0 ? "  result       final loss not known (no step ran)" : line;
   // A resumed run's loss window starts at its first step: the unbroken run's
-  // may have held steps before the resume, which a checkpoint does not keep.
-  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_first_step == r.resumed_from_step + 1) {
+  // held steps before the resume, which a checkpoint does not keep. Not
+  // where the resume fell on a progress point: the two windows are the same.
+  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_window_cut) {
     std::snprintf(line, sizeof line, " (over steps %lld to %lld: a resumed run's loss window starts at its first step)",
                   (long long)r.final_loss_first_step, (long long)r.final_loss_last_step);
     s += line;

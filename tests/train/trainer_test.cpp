@@ -328,6 +328,19 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
               std::string::npos)
         << summary_text(c, rl);
     EXPECT_EQ(summary_text(c, r).find("a resumed run's loss window"), std::string::npos) << summary_text(c, r);
+    // Resumed at a progress point (the epoch's end, after step 32), its window
+    // begins at its first step as the unbroken run's does: the same loss, and
+    // no note (it said the window started at the resumed run's first step, as
+    // if cut short; found by resuming the CLI at a --log-every boundary).
+    const auto at_end = std::find_if(checkpoints.begin(), checkpoints.end(),
+                                     [&](const Saved& s) { return s.steps_done == per_epoch; });
+    ASSERT_NE(at_end, checkpoints.end());
+    const auto re = train(from(*at_end), data);
+    EXPECT_EQ(re.final_loss_first_step, 33);
+    EXPECT_EQ(re.final_loss, whole.final_loss);
+    EXPECT_FALSE(re.final_loss_window_cut);
+    EXPECT_TRUE(rl.final_loss_window_cut);
+    EXPECT_EQ(summary_text(c, re).find("a resumed run's loss window"), std::string::npos) << summary_text(c, re);
 
     // From the last step's checkpoint (Note [A job that had ended]): no
     // step runs, and the run ends with the unbroken run's weights and their
