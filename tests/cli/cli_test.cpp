@@ -962,6 +962,12 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
       << one.output;
   EXPECT_NE(one.output.find("weights: one replica, no other to broadcast them to"), std::string::npos) << one.output;
   EXPECT_EQ(one.output.find("each other replica"), std::string::npos) << one.output;
+  // Nor anything to agree with or compare against: the guards line said
+  // "weights verified after the broadcast" below "no other to broadcast them
+  // to", and "compared every 20 steps" with no other replica's weights.
+  EXPECT_EQ(one.output.find("after the broadcast;"), std::string::npos) << one.output;
+  EXPECT_EQ(one.output.find("compared every"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("guards       one replica: no other to agree with"), std::string::npos) << one.output;
   // And a model of another shape refuses them, naming a tensor.
   const CliRun other =
       run("train --data " + dir.string() + " --hidden 9 --steps 1 --init " + weights.string());
