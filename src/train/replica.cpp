@@ -273,6 +273,11 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   double window[2] = {0, 0};  // loss sum, samples since the last report
   std::size_t window_first_step = 0;
   std::int64_t window_start = c.start_step;  // the first step the loss window holds
+  // A resumed run's first window is cut short unless the step before it
+  // ended a window in the unbroken run too (a progress point: every
+  // log_every steps and each epoch's end).
+  const bool first_window_cut = c.start_step > 0 && c.start_step % c.log_every != 0 &&
+                                c.start_step % s.sampler.steps_per_epoch() != 0;
   // Note [Paced stop votes]: the replicas must stop after the same step, so
   // a stop request is a vote, an all-reduce. Voting only at progress points
   // (every --log-every steps) left a Ctrl-C unheard for up to 50 steps: 0.4 s
@@ -601,6 +606,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       window_first_step = out.steps.size();
       out.final_loss = p.loss;
       out.final_loss_first_step = window_start;
+      out.final_loss_window_cut = first_window_cut && window_start == c.start_step;
       window_start = step + 1;
       window[0] = window[1] = 0;
       if ((epoch_end || stop) && c.evaluate) {  // stopped: the weights the run ends with

@@ -63,6 +63,7 @@ struct ReplicaOutput {
   TrafficBytes traffic;
   double final_loss = 0;
   std::int64_t final_loss_first_step = 0;  // the window's first step (0-based)
+  bool final_loss_window_cut = false;      // TrainResult::final_loss_window_cut
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;
   std::int64_t epochs_run = 0;

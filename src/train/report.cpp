@@ -282,24 +282,33 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
     s += "  dropout      masks drawn per sample from (seed, step, the sample's index): each replica's differ, as its "
          "samples do, and are never communicated; a sample gets the same mask whichever replica runs it\n";
   }
-  s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
-       " fields agreed, weights verified after the broadcast; ";
-  if (c.check_every > 0) {
-    // Every check_every steps and after the last: the run's checks over its steps.
-    const double steps_time = double(steps_here(r)) * r.times.step_ms;
-    std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
-                  steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
-    const bool buffers_compared =
-        !r.buffer_layout.tensors().empty() && (c.bn_stats == BnStats::Sync || c.deterministic);
-    const char* state = r.zero == 1 ? " (the optimizer state is sharded: each replica's is its own)" : "";
-    s += std::string(r.zero == 1 ? (buffers_compared ? "weights and buffers" : "weights")
-                     : buffers_compared ? "weights, optimizer state and buffers"
-                                        : "weights and optimizer state") + state +
-         " compared every " + (c.check_every > 1 ? plural(c.check_every, "step") : "step") +
-         " and after the last (" + plural(r.divergence_checks, "check") + ", " + line + ", " +
-         plural(r.repairs, "repair") + ")";
+  if (r.replicas == 1) {
+    // Nothing was broadcast (the weights line says so), and every comparison
+    // would be of the one replica with itself.
+    s += "  guards       one replica: no other to agree with in the start-up handshake, to verify the weights "
+         "against or to compare them with" +
+         std::string(c.check_every > 0 ? " (" + plural(r.divergence_checks, "divergence check") + ", met trivially)"
+                                       : " (divergence detector off)");
   } else {
-    s += "divergence detector off";
+    s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
+         " fields agreed, weights verified after the broadcast; ";
+    if (c.check_every > 0) {
+      // Every check_every steps and after the last: the run's checks over its steps.
+      const double steps_time = double(steps_here(r)) * r.times.step_ms;
+      std::snprintf(line, sizeof line, "%.2f ms each, %.1f%% of the step time", r.times.check_ms,
+                    steps_time > 0 ? 100 * r.times.check_ms * double(r.divergence_checks) / steps_time : 0.0);
+      const bool buffers_compared =
+          !r.buffer_layout.tensors().empty() && (c.bn_stats == BnStats::Sync || c.deterministic);
+      const char* state = r.zero == 1 ? " (the optimizer state is sharded: each replica's is its own)" : "";
+      s += std::string(r.zero == 1 ? (buffers_compared ? "weights and buffers" : "weights")
+                       : buffers_compared ? "weights, optimizer state and buffers"
+                                          : "weights and optimizer state") + state +
+           " compared every " + (c.check_every > 1 ? plural(c.check_every, "step") : "step") +
+           " and after the last (" + plural(r.divergence_checks, "check") + ", " + line + ", " +
+           plural(r.repairs, "repair") + ")";
+    } else {
+      s += "divergence detector off";
+    }
   }
   s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
        "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
@@ -331,8 +340,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   std::snprintf(line, sizeof line, "  result       final loss %.4f", r.final_loss);
   s += std::isnan(r.final_loss) && steps_here(r) == 0 ? "  result       final loss not known (no step ran)" : line;
   // A resumed run's loss window starts at its first step: the unbroken run's
-  // may have held steps before the resume, which a checkpoint does not keep.
-  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_first_step == r.resumed_from_step + 1) {
+  // held steps before the resume, which a checkpoint does not keep. Not
+  // where the resume fell on a progress point: the two windows are the same.
+  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_window_cut) {
     std::snprintf(line, sizeof line, " (over steps %lld to %lld: a resumed run's loss window starts at its first step)",
                   (long long)r.final_loss_first_step, (long long)r.final_loss_last_step);
     s += line;
@@ -375,7 +385,10 @@ std::string report_json(const TrainConfig& c, const TrainResult& r) {
   j["resumed_from_step"] = r.resumed_from_step;
   j["epochs"] = r.epochs_run;
   j["final_loss"] = r.final_loss;
-  j["final_loss_steps"] = {r.final_loss_first_step, r.final_loss_last_step};
+  // null where no step ran, as final_loss is then.
+  j["final_loss_steps"] = r.final_loss_first_step > 0
+                              ? nlohmann::json{r.final_loss_first_step, r.final_loss_last_step}
+                              : nlohmann::json();
   j["test_accuracy"] = r.test_accuracy ? nlohmann::json(*r.test_accuracy) : nlohmann::json();
   j["epoch_test_accuracy"] = r.epoch_test_accuracy;
   j["samples_per_s"] = r.samples_per_s;

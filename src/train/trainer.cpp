@@ -424,8 +424,11 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
   res.epochs_run = o.epochs_run;
   res.epochs = double(res.steps) / double(sampler.steps_per_epoch());
   res.final_loss = o.final_loss;
-  res.final_loss_first_step = o.final_loss_first_step + 1;
-  res.final_loss_last_step = o.steps_run;
+  if (o.steps_run > c.start_step) {  // a run of no step (Note [A job that had ended]) has no window
+    res.final_loss_first_step = o.final_loss_first_step + 1;
+    res.final_loss_last_step = o.steps_run;
+    res.final_loss_window_cut = o.final_loss_window_cut;
+  }
   res.epoch_test_accuracy = o.epoch_test_accuracy;
   if (!o.epoch_test_accuracy.empty()) res.test_accuracy = o.epoch_test_accuracy.back();
   res.train_seconds = o.train_seconds;

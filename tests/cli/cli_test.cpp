@@ -962,6 +962,12 @@ TEST(Cli, TinyRunWritesReportAndWeightsThatReload) {
       << one.output;
   EXPECT_NE(one.output.find("weights: one replica, no other to broadcast them to"), std::string::npos) << one.output;
   EXPECT_EQ(one.output.find("each other replica"), std::string::npos) << one.output;
+  // Nor anything to agree with or compare against: the guards line said
+  // "weights verified after the broadcast" below "no other to broadcast them
+  // to", and "compared every 20 steps" with no other replica's weights.
+  EXPECT_EQ(one.output.find("after the broadcast;"), std::string::npos) << one.output;
+  EXPECT_EQ(one.output.find("compared every"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("guards       one replica: no other to agree with"), std::string::npos) << one.output;
   // And a model of another shape refuses them, naming a tensor.
   const CliRun other =
       run("train --data " + dir.string() + " --hidden 9 --steps 1 --init " + weights.string());
@@ -1663,6 +1669,10 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   const auto report = nlohmann::json::parse(std::ifstream(out / "ended.json"));
   EXPECT_EQ(report["resumed_from_step"], 12);
   EXPECT_EQ(report["steps"], 12);
+  // No step ran, so there is no loss and no window of steps it is over (the
+  // report said [1, 12] beside the null loss).
+  EXPECT_TRUE(report["final_loss"].is_null()) << report["final_loss"];
+  EXPECT_TRUE(report["final_loss_steps"].is_null()) << report["final_loss_steps"];
   // Run again, it keeps the report there (of the run that trained, or a
   // job run again after it ended): a run of no step has no timings to give.
   {

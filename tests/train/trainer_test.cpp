@@ -328,6 +328,19 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
               std::string::npos)
         << summary_text(c, rl);
     EXPECT_EQ(summary_text(c, r).find("a resumed run's loss window"), std::string::npos) << summary_text(c, r);
+    // Resumed at a progress point (the epoch's end, after step 32), its window
+    // begins at its first step as the unbroken run's does: the same loss, and
+    // no note (it said the window started at the resumed run's first step, as
+    // if cut short; found by resuming the CLI at a --log-every boundary).
+    const auto at_end = std::find_if(checkpoints.begin(), checkpoints.end(),
+                                     [&](const Saved& s) { return s.steps_done == per_epoch; });
+    ASSERT_NE(at_end, checkpoints.end());
+    const auto re = train(from(*at_end), data);
+    EXPECT_EQ(re.final_loss_first_step, 33);
+    EXPECT_EQ(re.final_loss, whole.final_loss);
+    EXPECT_FALSE(re.final_loss_window_cut);
+    EXPECT_TRUE(rl.final_loss_window_cut);
+    EXPECT_EQ(summary_text(c, re).find("a resumed run's loss window"), std::string::npos) << summary_text(c, re);
 
     // From the last step's checkpoint (Note [A job that had ended]): no
     // step runs, and the run ends with the unbroken run's weights and their
@@ -345,6 +358,9 @@ TEST(Resume, FromACheckpointEndsAsTheUnbrokenRun) {
     ASSERT_TRUE(whole.test_accuracy.has_value());
     EXPECT_EQ(e.test_accuracy, whole.test_accuracy);
     EXPECT_TRUE(std::isnan(e.final_loss)) << e.final_loss;
+    // Nor the steps it would be over (they read 1 to 40 beside the NaN).
+    EXPECT_EQ(e.final_loss_first_step, 0);
+    EXPECT_EQ(e.final_loss_last_step, 0);
     EXPECT_EQ(e.samples_per_s, 0);
   }
 }

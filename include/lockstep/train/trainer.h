@@ -248,8 +248,13 @@ struct TrainResult {
   std::int64_t samples_dropped_per_epoch = 0;
   double final_loss = 0;
   // The steps final_loss is the mean over, 1-based: the last progress
-  // window (a resumed run's begins no earlier than its first step).
+  // window (a resumed run's begins no earlier than its first step). Both 0
+  // when the run ran no step (its final_loss is NaN).
   std::int64_t final_loss_first_step = 0, final_loss_last_step = 0;
+  // A resumed run's window that began at its first step where the unbroken
+  // run's began earlier (resumed between progress points): final_loss is
+  // then over fewer steps than the unbroken run's.
+  bool final_loss_window_cut = false;
   std::optional<double> test_accuracy;
   std::vector<double> epoch_test_accuracy;
   double train_seconds = 0;  // step loop only, without evaluation
