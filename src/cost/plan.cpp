@@ -171,7 +171,8 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
   // that they compare with each other: ZeRO-1's. That is lockstep's --zero 1
   // (the ring's two halves, predict_step) where the plan's own schedule
   // allows it (buckets, float32), else the outline: half the replicated
-  // all-reduce each (c/2), the reduce-scatter exposed as the all-reduce was.
+  // all-reduce each (c/2), the reduce-scatter exposed as the all-reduce was
+  // (share e), the all-gather whole.
   // (ZeRO-3 was priced on the replicated all-reduce while ZeRO-1 and -2 ran
   // lockstep's flat ring: across 64 nodes it came out 2.8x faster than
   // ZeRO-2 for 1.5x the bytes.)
@@ -196,7 +197,12 @@ std::vector<Alternative> alternatives_at(const Profile& profile, const PlanOptio
           .scatter_exposed_share =
               scatter > 0 ? std::clamp((row.step.exposed_comm_ms - gather) / scatter, 0.0, 1.0) : 0};
   } else {
-    z1 = {.step_ms = dp.step.step_ms + c / 2, .scatter_ms = c / 2, .gather_ms = c / 2, .scatter_exposed_share = exposed_share};
+    // The all-reduce's exposed part c e becomes the reduce-scatter's, c/2 e,
+    // and the all-gather after the optimizer is exposed whole, c/2.
+    z1 = {.step_ms = dp.step.step_ms - c * exposed_share / 2 + c / 2,
+          .scatter_ms = c / 2,
+          .gather_ms = c / 2,
+          .scatter_exposed_share = exposed_share};
     out.push_back(with_step("ZeRO-1", "optimizer state sharded over the replicas", z1.step_ms,
                             m.weights + m.gradients + m.optimizer_state / n + m.activations, sent));
   }

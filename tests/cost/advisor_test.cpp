@@ -320,6 +320,24 @@ TEST(Advisor, EveryZeroStageIsPricedOnTheSameShardedCollectives) {
   EXPECT_LT(by_name.at("data parallel").step_ms, zero1.step.step_ms - zero1.step.gather_ms);
 }
 
+// Where lockstep does not train sharded (here bf16 on the wire) ZeRO-1 is the
+// outline: the all-reduce (c, of which e c exposed) becomes a reduce-scatter
+// exposed in the same share (e c/2) and an all-gather after the optimizer,
+// exposed whole (c/2). It was the replicated step + c/2, which kept the whole
+// all-reduce's exposed part as well, and ZeRO-2 and -3 inherited it.
+TEST(Advisor, TheZeroOneOutlineTradesTheAllReduceForItsTwoHalves) {
+  const Profile p = uniform(40e6, 10);
+  PlanOptions o = options({4}, {1.25e9, 5e-6});
+  o.step.bf16 = true;
+  const PlanRow dp = plan_row(p, o, 4);
+  const double c = dp.step.comm_ms, exposed = std::min(c, dp.step.exposed_comm_ms);
+  ASSERT_GT(exposed, 0);
+  std::map<std::string, Alternative> by_name;
+  for (const Alternative& z : detail::alternatives_at(p, o, 4)) by_name[z.name] = z;
+  EXPECT_NEAR(by_name.at("ZeRO-1").step_ms, dp.step.step_ms + c / 2 - exposed / 2, 1e-9);
+  EXPECT_NEAR(by_name.at("ZeRO-2").step_ms, by_name.at("ZeRO-1").step_ms, 1e-9);  // one micro-step
+}
+
 // A plan of lockstep train --zero 1: a quarter of the optimizer state per
 // device at 4 replicas, the ring priced whatever --algorithm best would
 // pick, and the bf16 remedy back on replicated training (lockstep does not
