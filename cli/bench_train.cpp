@@ -251,7 +251,7 @@ Action add_bench_train_command(CLI::App& bench) {
       ->transform(whole_number_in(1, 100));
   cmd->add_option("--zero", flags->zero,
                   "ZeRO stage of the rows with more than one replica: 0 replicated, 1 sharded optimizer state")
-      ->check(CLI::IsMember({0, 1}));
+      ->transform(whole_number_in(0, 1));  // not IsMember: "--zero: 1.5" said nothing
   cmd->add_option("--peak-gflops", flags->peak_gflops,
                   "MFU against this sgemm peak, in GFLOP/s (a device's rated figure, or one figure for runs you "
                   "compare), instead of one measured on all cores (0: measure it)")

@@ -342,7 +342,7 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--zero", f->zero,
                   "1: plan lockstep train --zero 1 (optimizer state sharded, gradients reduce-scattered on the "
                   "ring, weights all-gathered after the optimizer)")
-      ->check(CLI::IsMember({0, 1}));
+      ->transform(whole_number_in(0, 1));  // not IsMember: "--zero: 1.5" said nothing
   cmd->add_option("--price", f->price, "Price of one device-hour, any currency")
       ->check(number_in(0.0, 1e12));
   cmd->add_option("--critical-batch", f->critical_batch,

@@ -971,7 +971,11 @@ Action add_train_command(CLI::App& app) {
   cmd->add_option("--zero", flags->config.zero,
                   "ZeRO stage: 0, every replica holds the whole optimizer state; 1, each holds its own 1/N "
                   "shard (gradients reduce-scattered, weights all-gathered: the same bytes as one all-reduce)")
-      ->default_val(0);
+      ->default_val(0)
+      // Read in base 10 like every whole number (CLI11's own conversion said
+      // "Could not convert: --zero = 1.5", read 010 as 8 and '' as 0); stages 2
+      // and 3 reach the trainer, whose message says lockstep plan prices them.
+      ->transform(whole_number_in(0, 3));
   cmd->add_option("--link-bandwidth", flags->link_bandwidth,
                   "Model a link of this bandwidth between replicas, e.g. 10Gbit or 10GB/s (default: none)");
   cmd->add_option("--link-latency", flags->link_latency,

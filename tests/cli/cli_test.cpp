@@ -177,6 +177,28 @@ TEST(Cli, WholeNumbersAreReadInBaseTen) {
   EXPECT_EQ(j["config"]["seed"].get<std::uint64_t>(), 18446744073709551615ull) << j.dump();
 }
 
+// --zero is a whole number like the others: CLI11's own conversion said
+// "Could not convert: --zero = 1.5" (train) or only "--zero: 1.5" (plan,
+// bench train), read train's 010 as octal 8 and took '' as stage 0.
+TEST(Cli, ZeroStageIsAWholeNumberInBaseTen) {
+  for (const char* args : {"train --zero 1.5", "train --zero abc", "train --zero nan", "train --zero ''",
+                           "plan --zero 1.5", "plan --zero -1", "plan --zero ''", "bench train --zero 1.5",
+                           "bench train --zero 2"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("--zero: expected a whole number from 0 to"), std::string::npos) << args << "\n"
+                                                                                            << r.output;
+  }
+  const CliRun octal = run("train --zero 010");
+  EXPECT_EQ(octal.code, 2) << octal.output;
+  EXPECT_NE(octal.output.find("got '010'"), std::string::npos) << octal.output;
+  EXPECT_EQ(octal.output.find("--zero 8"), std::string::npos) << octal.output;
+  // Stages 2 and 3 still meet the trainer's own message.
+  const CliRun two = run("train --zero 2");
+  EXPECT_EQ(two.code, 2) << two.output;
+  EXPECT_NE(two.output.find("every lockstep plan prices them"), std::string::npos) << two.output;
+}
+
 TEST(Cli, UnknownCommandsAndRepeatedFlagsAreNamed) {
   const CliRun top = run("nope");
   EXPECT_EQ(top.code, 2);
