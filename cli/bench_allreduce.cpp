@@ -14,6 +14,7 @@
 // flags or the environment), and rank 0 prints the table or JSON; --algorithm
 // native times the transport library's own all-reduce.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -56,7 +57,10 @@ std::size_t parse_size(const std::string& s) {
   if (s.find_first_of("xXpP") != std::string::npos)
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use decimal bytes with a K, M, G or T suffix, e.g. 4K,1M,256M");
   char* end = nullptr;
+  errno = 0;
   const double v = std::strtod(s.c_str(), &end);
+  // "1e-400" is read as 0 with ERANGE: it was timed as 0 bytes.
+  const bool underflow = errno == ERANGE && v == 0;
   std::string unit(end);
   double mult = 1;
   if (unit == "K" || unit == "KiB")
@@ -69,7 +73,7 @@ std::size_t parse_size(const std::string& s) {
     mult = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty() && unit != "B")
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use bytes with a K, M, G or T suffix, e.g. 4K,1M,256M");
-  if (end == s.c_str() || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
+  if (end == s.c_str() || underflow || !(v >= 0) || !(v * mult <= double(std::size_t{1} << 40))) {
     throw InvalidArgument("--sizes: cannot read '" + s + "'; use sizes from 0 to 1T such as 4K,1M,256M");
   }
   // The cast truncates: "4.5" was timed as 4 bytes and "1e-9" as 0, each

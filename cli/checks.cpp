@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -19,11 +20,16 @@ std::string show(double x) {
   return buf;
 }
 
-// The whole text as a finite double, or false.
+// The whole text as a finite double, or false. Also false for a number too
+// small for a double ("1e-400"), which strtod reads as 0 with ERANGE: taken,
+// it turned --clip-grad-norm off, --peak-gflops to "measure it" and
+// --bucket-mb to one bucket, the meanings of 0, without a word.
 bool parse_number(const std::string& text, double& out) {
   if (text.empty()) return false;
   char* end = nullptr;
+  errno = 0;
   out = std::strtod(text.c_str(), &end);
+  if (errno == ERANGE && out == 0) return false;
   return *end == '\0' && std::isfinite(out);
 }
 

@@ -164,6 +164,23 @@ TEST(Cli, NumbersOutOfRangeNameWhatWasExpected) {
   EXPECT_NE(lr.output.find("--lr: expected a positive number"), std::string::npos) << lr.output;
 }
 
+// A number too small for a double ("1e-400") is not 0: strtod reads it as 0
+// (with ERANGE), which --clip-grad-norm and --peak-gflops take as "off" and
+// --bucket-mb as one bucket; bench allreduce timed it as 0 bytes.
+TEST(Cli, NumbersThatUnderflowAreRefusedNotReadAsZero) {
+  for (const char* args : {"train --clip-grad-norm 1e-400", "train --peak-gflops 1e-400", "train --bucket-mb 1e-400",
+                           "train --momentum 1e-400", "plan --bucket-mb 1e-400", "plan --critical-batch 1e-400",
+                           "bench train --peak-gflops 1e-400"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("expected "), std::string::npos) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("got '1e-400'"), std::string::npos) << args << "\n" << r.output;
+  }
+  const CliRun sizes = run("bench allreduce --replicas 2 --repeats 1 --sizes 4K,1e-400");
+  EXPECT_EQ(sizes.code, 2) << sizes.output;
+  EXPECT_NE(sizes.output.find("--sizes: cannot read '1e-400'"), std::string::npos) << sizes.output;
+}
+
 // Whole numbers are decimal: "010" is ten (not octal eight), and a seed takes
 // the whole unsigned 64-bit range.
 TEST(Cli, WholeNumbersAreReadInBaseTen) {
