@@ -38,14 +38,19 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
       ->default_str("");
   cmd.add_option("--rendezvous", f.rendezvous,
                  "Where the ranks meet: file:DIR (one host or a shared filesystem) or redis://HOST:PORT (gloo; "
-                 "default: $LOCKSTEP_RENDEZVOUS)");
+                 "default: $LOCKSTEP_RENDEZVOUS)")
+      ->check(not_empty());
   cmd.add_option("--bind", f.bind,
                  "Address this rank listens on (gloo; default: loopback for a file rendezvous, else the interface "
-                 "that routes to the rendezvous host; not a wildcard such as 0.0.0.0, which peers cannot connect to)");
-  cmd.add_option("--job-id", f.job_id, "Keeps jobs that share a rendezvous apart");
+                 "that routes to the rendezvous host; not a wildcard such as 0.0.0.0, which peers cannot connect to)")
+      ->check(not_empty());
+  cmd.add_option("--job-id", f.job_id, "Keeps jobs that share a rendezvous apart")->check(not_empty());
   cmd.add_option("--secret-file", f.secret_file,
                  "A file readable only by its owner; every rank proves it knows it to every peer (gloo; default: "
-                 "$LOCKSTEP_SECRET_FILE)");
+                 "$LOCKSTEP_SECRET_FILE)")
+      // Not empty: --secret-file "" (an unset $VAR) read as no flag, and the
+      // job ran open to anyone, without the warning a Redis rendezvous gets.
+      ->check(not_empty());
   cmd.add_option("--rendezvous-timeout", f.rendezvous_timeout_s, "Seconds to wait for every rank to join")
       ->check(number_in(0.001, 1e6));
   if (with_timeout) {

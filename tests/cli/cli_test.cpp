@@ -181,6 +181,23 @@ TEST(Cli, NumbersThatUnderflowAreRefusedNotReadAsZero) {
   EXPECT_NE(sizes.output.find("--sizes: cannot read '1e-400'"), std::string::npos) << sizes.output;
 }
 
+// An empty process-group value is refused, not read as the flag left out:
+// --secret-file "" (an unset $VAR) ran the job without a secret, and --bind ""
+// listened on the default address, both with exit 0.
+TEST(Cli, EmptyProcessGroupValuesAreRefused) {
+  const fs::path dir = make_data_dir("cli_empty_group_values");
+  const std::string common = "train --data " + dir.string() + " --micro-batch 8 --steps 1 --quiet" + kStatedPeak +
+                             "--backend gloo --world-size 1 --rank 0 --rendezvous-timeout 5 ";
+  int i = 0;
+  for (const char* flag : {"--secret-file", "--bind", "--job-id", "--rendezvous"}) {
+    const std::string rendezvous =
+        std::string(flag) == "--rendezvous" ? "" : "--rendezvous file:" + (dir / ("rdv" + std::to_string(i++))).string();
+    const CliRun r = run_bounded(common + rendezvous + " " + flag + " ''");
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string(flag) + ": needs a value"), std::string::npos) << flag << "\n" << r.output;
+  }
+}
+
 // Whole numbers are decimal: "010" is ten (not octal eight), and a seed takes
 // the whole unsigned 64-bit range.
 TEST(Cli, WholeNumbersAreReadInBaseTen) {
