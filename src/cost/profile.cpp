@@ -87,7 +87,23 @@ Profile parse_profile(std::string_view json_text, const std::string& source) {
   try {
     j = json::parse(json_text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
-    bad(source, std::string("not valid JSON: ") + e.what());
+    // Without the library's "[json.exception.parse_error.101] " (as the
+    // safetensors reader), and with the byte it "last read" printable: a
+    // binary file put raw bytes on the terminal.
+    std::string what = e.what();
+    if (const auto pos = what.find("] "); what.rfind("[json.exception.", 0) == 0 && pos != std::string::npos)
+      what.erase(0, pos + 2);
+    std::string shown;
+    for (const unsigned char ch : what) {
+      if (ch >= 0x20 && ch < 0x7f) {
+        shown += char(ch);
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", ch);
+        shown += hex;
+      }
+    }
+    bad(source, "not valid JSON: " + shown);
   }
   if (!j.is_object()) bad(source, "the top level is not a JSON object");
   if (text_field(j, "format", "", "the profile", source) != kFormat)

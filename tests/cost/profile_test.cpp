@@ -66,6 +66,15 @@ TEST(Profile, ReadsAFile) {
 
 TEST(Profile, BadProfilesNameTheProblem) {
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+  // The parser's message without its exception id, and a binary file's bytes
+  // escaped, not written raw to the terminal (found by a sweep of hostile flag
+  // values: plan --profile on a random file).
+  EXPECT_EQ(error_of("{not json").find("json.exception"), std::string::npos) << error_of("{not json");
+  EXPECT_NE(error_of("{not json").find("p.json: not valid JSON: parse error at line 1"), std::string::npos)
+      << error_of("{not json");
+  const std::string binary = error_of("\xff\xfe");
+  EXPECT_NE(binary.find("\\xff"), std::string::npos) << binary;
+  EXPECT_EQ(binary.find('\xff'), std::string::npos) << binary;
   EXPECT_NE(error_of("[]").find("not a JSON object"), std::string::npos);
   EXPECT_NE(error_of(R"({"format": "other", "version": 1})").find("\"format\""), std::string::npos);
   std::string s = kProfile;
