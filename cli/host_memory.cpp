@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cgroup.h"
+#include "lockstep/error.h"
 
 namespace lockstep::cli {
 
@@ -17,6 +18,11 @@ std::optional<double> available_memory_bytes() {
     char* end = nullptr;
     const double v = std::strtod(env, &end);
     if (*end == '\0' && v >= 0 && v < 1e18) return v;  // 0: as a full container
+    // Not silently ignored: "16G" fell back to the figure the override was
+    // set to correct, and the memory checks ran against it.
+    throw InvalidArgument(std::string("LOCKSTEP_MEMORY_AVAILABLE is '") + env +
+                          "', not a number of bytes (from 0, such as 16e9); give the bytes this run may take, or "
+                          "unset it.");
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

@@ -198,6 +198,25 @@ TEST(Cli, EmptyProcessGroupValuesAreRefused) {
   }
 }
 
+// LOCKSTEP_MEMORY_AVAILABLE that is not a number of bytes ("16G") was
+// ignored without a word, and the memory checks ran against the figure it
+// was set to correct.
+TEST(Cli, MemoryOverrideThatIsNotBytesIsRefused) {
+  const fs::path dir = make_data_dir("cli_memory_override");
+  for (const char* value : {"16G", "abc", "-1", "nan"}) {
+    ::setenv("LOCKSTEP_MEMORY_AVAILABLE", value, 1);
+    const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet" + kStatedPeak);
+    const CliRun sizes = run("bench allreduce --replicas 2 --sizes 4K --repeats 1");
+    ::unsetenv("LOCKSTEP_MEMORY_AVAILABLE");
+    for (const CliRun* c : {&r, &sizes}) {
+      EXPECT_EQ(c->code, 2) << value << "\n" << c->output;
+      EXPECT_NE(c->output.find(std::string("LOCKSTEP_MEMORY_AVAILABLE is '") + value + "', not a number of bytes"),
+                std::string::npos)
+          << value << "\n" << c->output;
+    }
+  }
+}
+
 // Whole numbers are decimal: "010" is ten (not octal eight), and a seed takes
 // the whole unsigned 64-bit range.
 TEST(Cli, WholeNumbersAreReadInBaseTen) {
