@@ -172,7 +172,8 @@ int run_plan(PlanFlags& f) {
                             "' is under a million FLOP/s; give a unit, such as 60G or 125T.");
   }
   if (!f.device_memory.empty()) {
-    if (f.device_memory.find_first_not_of("0123456789.eE+-") == std::string::npos)
+    // Spaces too: parse_bytes trims them, and ' 16' was taken as 16 bytes.
+    if (f.device_memory.find_first_not_of("0123456789.eE+- ") == std::string::npos)
       throw InvalidArgument("--device-memory '" + f.device_memory + "' has no unit; give one, such as 16GB or 80GiB.");
     device.memory_bytes = cost::parse_bytes(f.device_memory, "--device-memory");
   }

@@ -1574,6 +1574,10 @@ TEST(Cli, PlanLaunchSchedules) {
            {"plan --launch layers --bucket-mb 5", "bucket sizes do not apply"},
            {"plan --launch cycles --first-bucket-mb 3", "drop --first-bucket-mb"},
            {"plan --device-memory 16", "has no unit"},
+           // A space around the number (which the unit parser trims) slipped past the
+           // check and planned with a device of 16 bytes, every row "does not fit".
+           {"plan --device-memory ' 16'", "has no unit"},
+           {"plan --device-memory '16 '", "has no unit"},
            {"plan --device-flops 60", "under a million FLOP/s"},
            {"plan --published --device v100", "it takes no --device"},
            {"plan --params 1M --compute-ms 5 --device-flops 1T", "brings its own times"},
