@@ -188,7 +188,8 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& path, const TrainC
   if (const auto v = file.metadata.find("version"); v == file.metadata.end() || v->second != "1") {
     throw IoError(path.string() + ": checkpoint version " +
                   (v == file.metadata.end() ? std::string("(none)") : "'" + v->second + "'") +
-                  " is not one this build reads (1).");
+                  " is not one this build reads (1); resume it with the lockstep build that wrote it, or start "
+                  "afresh without --resume.");
   }
   LoadedCheckpoint out;
   out.steps_done = metadata_count(path, file.metadata, "steps_done");

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -214,6 +215,25 @@ TEST(Cli, MemoryOverrideThatIsNotBytesIsRefused) {
                 std::string::npos)
           << value << "\n" << c->output;
     }
+  }
+}
+
+// A checkpoint of another format version says what to do, not only what is
+// wrong (found by a sweep of hostile --resume files).
+TEST(Cli, CheckpointOfAnotherVersionSaysWhatToDo) {
+  const fs::path dir = make_data_dir("cli_checkpoint_version");
+  for (const char* version : {"2", ""}) {
+    const fs::path file = dir / "c.st";
+    std::map<std::string, std::string> metadata{{"format", "lockstep-checkpoint"}};
+    if (*version != '\0') metadata["version"] = version;
+    lockstep::nn::save_safetensors(file, {}, metadata, "the checkpoint");
+    const CliRun r = run("train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 1 --quiet --resume " +
+                         file.string() + kStatedPeak);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("is not one this build reads (1); resume it with the lockstep build that wrote it, or "
+                            "start afresh without --resume."),
+              std::string::npos)
+        << r.output;
   }
 }
 
