@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -20,12 +21,16 @@ std::string show(double x) {
   return buf;
 }
 
-// The whole text as a finite double, or false. Also false for a number too
-// small for a double ("1e-400"), which strtod reads as 0 with ERANGE: taken,
-// it turned --clip-grad-norm off, --peak-gflops to "measure it" and
-// --bucket-mb to one bucket, the meanings of 0, without a word.
+// The whole text as a finite decimal double, or false. Also false for a
+// number too small for a double ("1e-400"), which strtod reads as 0 with
+// ERANGE: taken, it turned --clip-grad-norm off, --peak-gflops to "measure
+// it" and --bucket-mb to one bucket, the meanings of 0, without a word. And
+// for what strtod would take but a whole-number flag refuses: hex ("--lr
+// 0x10" trained at 16) and leading spaces.
 bool parse_number(const std::string& text, double& out) {
-  if (text.empty()) return false;
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
+      text.find_first_of("xX") != std::string::npos)
+    return false;
   char* end = nullptr;
   errno = 0;
   out = std::strtod(text.c_str(), &end);
@@ -57,6 +62,19 @@ CLI::Validator off_or_float_number(double hi) {
         return "expected " + want + ", got '" + text + "'";
       },
       "0 or NUMBER in [" + show(std::numeric_limits<float>::min()) + ", " + show(hi) + "]");
+}
+
+CLI::Validator float_number_upto(double hi) {
+  const std::string want = "a number from 0 to " + show(hi) + " (0, or at least " +
+                           show(std::numeric_limits<float>::min()) + ": a float32)";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double x = 0;
+        if (parse_number(text, x) && (x == 0 || (x >= double(std::numeric_limits<float>::min()) && x <= hi)))
+          return {};
+        return "expected " + want + ", got '" + text + "'";
+      },
+      "NUMBER in [0, " + show(hi) + "]");
 }
 
 CLI::Validator not_empty() {

@@ -13,6 +13,9 @@ CLI::Validator positive_number(double hi);       // finite, 0 < x <= hi
 // 0 (off), or a number float32 holds (FLT_MIN <= x <= hi): a smaller one
 // would be stored as 0 and turn the setting off without a word.
 CLI::Validator off_or_float_number(double hi);
+// A number from 0 to hi that float32 holds (0, or FLT_MIN <= x): the
+// optimizer's settings, where 0 is a value, not "off".
+CLI::Validator float_number_upto(double hi);
 // Whole numbers are read in base 10 only ("010" is ten, "0x10" is refused).
 // Attach them with ->transform(), not ->check(): they rewrite the text as
 // plain decimal, and check() would hand CLI11 the original, which it reads

@@ -925,11 +925,13 @@ Action add_train_command(CLI::App& app) {
                   "runs you compare), instead of one measured on all cores (at start-up; over processes, by rank 0 "
                   "at the end) (0: measure it)")
       ->check(off_or_float_number(1e9));
-  flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0.0, 1.0));
+  flags->momentum_option = cmd->add_option("--momentum", c.momentum, "SGD momentum")
+          // float32: 1e-50 would be 0 with no word
+          ->check(float_number_upto(1.0));
   flags->weight_decay_option =
       cmd->add_option("--weight-decay", c.weight_decay,
                       "Weight decay: L2 for sgd, decoupled for adamw (default 0 for sgd, 0.01 for adamw, as in PyTorch)")
-          ->check(number_in(0.0, 1e6));
+          ->check(float_number_upto(1e6));
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum (sgd)");
   cmd->add_option("--seed", c.seed, "Seed of the initial weights and of the data order")
       ->transform(unsigned_number_upto(std::numeric_limits<std::uint64_t>::max()));

@@ -180,6 +180,15 @@ TEST(Cli, NumbersThatUnderflowAreRefusedNotReadAsZero) {
   const CliRun sizes = run("bench allreduce --replicas 2 --repeats 1 --sizes 4K,1e-400");
   EXPECT_EQ(sizes.code, 2) << sizes.output;
   EXPECT_NE(sizes.output.find("--sizes: cannot read '1e-400'"), std::string::npos) << sizes.output;
+  // A double but not a float32 (the optimizer's settings are floats): it
+  // trained with 0 and reported 0.0. And hex or a leading space, which
+  // strtod reads ("--lr 0x10" trained at 16) and whole-number flags refuse.
+  for (const char* args : {"train --weight-decay 1e-50", "train --momentum 1e-50", "train --lr 0x10",
+                           "train --timeout 0x10", "train --lr ' 1'", "plan --price 0x1p3"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("expected "), std::string::npos) << args << "\n" << r.output;
+  }
 }
 
 // An empty process-group value is refused, not read as the flag left out:
