@@ -208,10 +208,17 @@ int run_launch(const LaunchFlags& f) {
   // each writing the same --save).
   const bool joins = f.command[0] == "train" || (f.command[0] == "bench" && f.command.size() > 1 &&
                                                   f.command[1] == "allreduce");
+  const bool known = f.command[0] == "train" || f.command[0] == "bench" || f.command[0] == "demo" ||
+                     f.command[0] == "plan";
+  if (!known) {
+    throw InvalidArgument("launch: '" + f.command[0] + "' is not a lockstep command; give train or bench allreduce " +
+                          "after --, e.g. lockstep launch --nproc 4 -- train");
+  }
   if (!joins) {
     const std::string what = f.command[0] + (f.command.size() > 1 && f.command[0] == "bench" ? " " + f.command[1] : "");
     throw InvalidArgument("launch runs commands that join a process group (train, bench allreduce); '" + what +
-                          "' would run " + std::to_string(f.nproc) + " independent copies. Run it without launch.");
+                          "' would run " + std::to_string(f.nproc) + (f.nproc == 1 ? " independent copy" : " independent copies") +
+                          ". Run it without launch.");
   }
   for (std::size_t i = 1; i < f.command.size(); ++i) {
     const std::string& a = f.command[i];

@@ -206,6 +206,13 @@ TEST(Cli, EmptyProcessGroupValuesAreRefused) {
     EXPECT_EQ(r.code, 2) << flag << "\n" << r.output;
     EXPECT_NE(r.output.find(std::string(flag) + ": needs a value"), std::string::npos) << flag << "\n" << r.output;
   }
+  // A file rendezvous naming a file, not a directory: said so, with the
+  // remedy (it failed on a hashed key path inside it, "Not a directory").
+  const fs::path file = dir / "not_a_directory";
+  std::ofstream(file) << "x";
+  const CliRun r = run_bounded(common + "--rendezvous file:" + file.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(file.string() + " is not a directory; give file:DIR"), std::string::npos) << r.output;
 }
 
 // LOCKSTEP_MEMORY_AVAILABLE that is not a number of bytes ("16G") was

@@ -1171,6 +1171,12 @@ TEST_F(LaunchTrain, CommandsThatDoNotJoinTheGroupAreRefused) {
   CliRun plan(run_dir("plan"), launch_args(2, {"plan"}));
   EXPECT_EQ(plan.wait(), 2);
   EXPECT_NE(plan.err().find("'plan' would run 2 independent copies"), std::string::npos) << plan.err();
+  // Not a command at all: named as such (it read "'bogus' would run 1 independent copies").
+  CliRun bogus(run_dir("bogus"), launch_args(1, {"bogus"}));
+  EXPECT_EQ(bogus.wait(), 2);
+  EXPECT_NE(bogus.err().find("launch: 'bogus' is not a lockstep command; give train or bench allreduce after --"),
+            std::string::npos)
+      << bogus.err();
   CliRun threads(run_dir("threads"), launch_args(2, train_args(data, {"--steps", "1", "--backend", "threads"})));
   EXPECT_EQ(threads.wait(), 2);
   EXPECT_NE(threads.err().find("the command asks for --backend threads"), std::string::npos) << threads.err();

@@ -207,6 +207,11 @@ RendezvousStore::RendezvousStore(const std::string& address, const std::string& 
     if (address.rfind("file:", 0) == 0 && address.size() > 5) {
       const std::string dir = address.substr(5);
       make_dirs(dir);
+      // A file there: its hashed key paths failed with "Not a directory".
+      if (struct stat st {}; ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        throw InvalidArgument("rendezvous '" + address + "': " + dir +
+                              " is not a directory; give file:DIR, a directory every rank can reach (made if missing).");
+      }
       store_ = std::make_unique<ProbingFileStore>(dir);
     } else if (address.rfind("redis://", 0) == 0) {
       const std::string rest = address.substr(8);
