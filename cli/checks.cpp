@@ -51,9 +51,11 @@ CLI::Validator number_in(double lo, double hi) {
       "NUMBER in [" + show(lo) + ", " + show(hi) + "]");
 }
 
-CLI::Validator off_or_float_number(double hi) {
-  const std::string want = "0 (off) or a number float32 holds, from " + show(std::numeric_limits<float>::min()) +
-                           " to " + show(hi);
+namespace {
+
+// 0, or a number float32 holds up to hi (FLT_MIN <= x <= hi): a smaller one
+// would be stored as 0. `want` says so in the message, `type` in --help.
+CLI::Validator zero_or_float(double hi, const std::string& want, const std::string& type) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double x = 0;
@@ -61,20 +63,22 @@ CLI::Validator off_or_float_number(double hi) {
           return {};
         return "expected " + want + ", got '" + text + "'";
       },
-      "0 or NUMBER in [" + show(std::numeric_limits<float>::min()) + ", " + show(hi) + "]");
+      type);
+}
+
+}  // namespace
+
+CLI::Validator off_or_float_number(double hi) {
+  const std::string least = show(std::numeric_limits<float>::min());
+  return zero_or_float(hi, "0 (off) or a number float32 holds, from " + least + " to " + show(hi),
+                       "0 or NUMBER in [" + least + ", " + show(hi) + "]");
 }
 
 CLI::Validator float_number_upto(double hi) {
-  const std::string want = "a number from 0 to " + show(hi) + " (0, or at least " +
-                           show(std::numeric_limits<float>::min()) + ": a float32)";
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        double x = 0;
-        if (parse_number(text, x) && (x == 0 || (x >= double(std::numeric_limits<float>::min()) && x <= hi)))
-          return {};
-        return "expected " + want + ", got '" + text + "'";
-      },
-      "NUMBER in [0, " + show(hi) + "]");
+  return zero_or_float(hi,
+                       "a number from 0 to " + show(hi) + " (0, or at least " +
+                           show(std::numeric_limits<float>::min()) + ": a float32)",
+                       "NUMBER in [0, " + show(hi) + "]");
 }
 
 CLI::Validator not_empty() {
