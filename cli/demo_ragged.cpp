@@ -93,19 +93,20 @@ int run_demo_ragged(const DemoFlags& flags) {
   }
 
   // Equal shards: the plain average of the eight means against all 256.
+  // The ragged cut's first seven shards are the same samples, so their
+  // gradients are kept for it; only the short shard is new.
   const auto full_equal = shard_gradient(*model, d, 0, equal_global, equal_global);
+  std::vector<std::vector<float>> local(kReplicas);
   std::vector<float> equal(full_equal.size(), 0.0f);
   for (int r = 0; r < kReplicas; ++r) {
-    const auto g = shard_gradient(*model, d, r * kShard, kShard, kShard);
-    for (std::size_t i = 0; i < equal.size(); ++i) equal[i] += g[i] / kReplicas;
+    local[r] = shard_gradient(*model, d, r * kShard, kShard, kShard);
+    for (std::size_t i = 0; i < equal.size(); ++i) equal[i] += local[r][i] / kReplicas;
   }
 
-  std::vector<std::vector<float>> local(kReplicas);
+  local[kReplicas - 1] = shard_gradient(*model, d, (kReplicas - 1) * kShard, kShort, kShort);
   std::vector<float> plain(full.size(), 0.0f);
-  for (int r = 0; r < kReplicas; ++r) {
-    local[r] = shard_gradient(*model, d, r * kShard, counts(r), counts(r));
+  for (int r = 0; r < kReplicas; ++r)
     for (std::size_t i = 0; i < plain.size(); ++i) plain[i] += local[r][i] / kReplicas;
-  }
 
   // The reducer, for real: eight replicas on threads, each with its own copy.
   auto reduce = [&](bool pad) {

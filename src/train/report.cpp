@@ -342,7 +342,7 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   // A resumed run's loss window starts at its first step: the unbroken run's
   // held steps before the resume, which a checkpoint does not keep. Not
   // where the resume fell on a progress point: the two windows are the same.
-  if (r.resumed_from_step > 0 && steps_here(r) > 0 && r.final_loss_window_cut) {
+  if (r.final_loss_window_cut) {  // only for a resumed run that ran steps
     std::snprintf(line, sizeof line, " (over steps %lld to %lld: a resumed run's loss window starts at its first step)",
                   (long long)r.final_loss_first_step, (long long)r.final_loss_last_step);
     s += line;

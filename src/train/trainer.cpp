@@ -277,7 +277,6 @@ struct Plan {
   std::int64_t total_steps = 0;
   std::int64_t warmup = 0;
   std::unique_ptr<nn::Model> probe;  // describes the model; never trained
-  std::int64_t dataset_size = 0;     // training samples
 };
 
 Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
@@ -364,7 +363,7 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
   }
   if (c.checkpoint_every < 0) throw InvalidArgument("checkpoint_every (--checkpoint-every) cannot be negative");
   const std::int64_t warmup = c.warmup_steps < total_steps ? std::max<std::int64_t>(0, c.warmup_steps) : 0;
-  return {std::move(sampler), total_steps, warmup, std::move(probe), data.train.size};
+  return {std::move(sampler), total_steps, warmup, std::move(probe)};
 }
 
 // What differs by replica goes into a checkpoint replica by replica
@@ -446,7 +445,7 @@ TrainResult assemble(const TrainConfig& c, const Plan& p, std::vector<detail::Re
       res.last_step_max_shard = std::max(res.last_step_max_shard, shard.end - shard.begin);
     }
   }
-  if (const std::int64_t left = p.dataset_size - sampler.steps_per_epoch() * sampler.global_batch();
+  if (const std::int64_t left = sampler.dataset_size() - sampler.steps_per_epoch() * sampler.global_batch();
       left > 0 && res.last_step_samples == 0 && res.steps >= sampler.steps_per_epoch()) {
     res.samples_dropped_per_epoch = left;  // --ragged drop, --deterministic: never formed
   }
