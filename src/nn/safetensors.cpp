@@ -320,6 +320,11 @@ SafetensorsFile load_safetensors(const fs::path& path) {
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file (a directory, FIFO, device or socket); give a safetensors file.");
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   const std::string not_st = "; the file is not a safetensors file or is truncated.";
+  // A pseudo-file (/proc, /sys) has a stat size of 0 and content that reads:
+  // its length is not what the header's offsets are checked against.
+  unsigned char probe = 0;
+  if (file_size < 8 && ::pread(fd.fd, &probe, 1, static_cast<off_t>(file_size)) == 1)
+    fail(path, "its size is not known before reading it (a /proc or /sys pseudo-file); give a safetensors file.");
   if (file_size < 8)
     fail(path, "the file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte " +
                    "header length" + not_st);
