@@ -4,14 +4,19 @@
 // measures each rank's offset from its own clock (Cristian's algorithm), then
 // receives that rank's events and moves them onto its clock.
 //
-// For r = 1 .. N-1, one rank at a time (the others wait in their first receive):
-//   1. kProbes round trips. Rank 0 sends an 8-byte probe and notes the time;
-//      rank r answers at once with its clock's reading (8 bytes); rank 0 notes
-//      when the answer came. offset = answer - (sent + answered) / 2, taken
-//      from the shortest round trip: wrong by at most half of it (tens of
-//      microseconds on one host, against steps of milliseconds).
-//   2. Rank r sends the size of its events in bytes (8 bytes), then the events
-//      (46 bytes plus the name each, serialize_events).
+//   1. For r = 1 .. N-1, one rank at a time (the others wait in their first
+//      receive, a few round trips a rank): kProbes round trips. Rank 0 sends
+//      an 8-byte probe and notes the time; rank r answers at once with its
+//      clock's reading (8 bytes); rank 0 notes when the answer came. offset =
+//      answer - (sent + answered) / 2, taken from the shortest round trip:
+//      wrong by at most half of it (tens of microseconds on one host, against
+//      steps of milliseconds).
+//   2. Every rank r sends the size of its events in bytes (8 bytes), then the
+//      events (46 bytes plus the name each, serialize_events). Rank 0 posts
+//      the N-1 receives of each at once, so no rank's wait holds the other
+//      ranks' transfers one after another: served in turn, rank N-1 waited
+//      for N-2 timelines in the receive of its first probe, and a long run's
+//      timelines on a slow link outlasted --timeout there.
 // Bytes on the wire: rank 0 sends 8 x kProbes per rank; rank r sends
 // 8 x kProbes + 8 + its events. Messages: 2 x kProbes + 2 per rank.
 //
@@ -22,6 +27,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "lockstep/error.h"
 
@@ -151,17 +157,26 @@ std::vector<TimelineEvent> gather_timeline(comm::Communicator& comm, std::vector
     if (!bytes.empty()) comm::send(comm, 0, kTagEvents, bytes);
     return mine;
   }
-  for (int r = 1; r < comm.size(); ++r) {
-    const double offset = measure_offset(comm, r, t0);
-    const auto size = recv_value<std::uint64_t>(comm, r, kTagSize);
-    if (size > kMaxBytes)
-      throw Error("rank " + std::to_string(r) + " announced a timeline of " + std::to_string(size) +
+  const int n = comm.size();
+  std::vector<double> offsets(n, 0.0);
+  for (int r = 1; r < n; ++r) offsets[r] = measure_offset(comm, r, t0);
+  std::vector<std::uint64_t> sizes(n, 0);
+  std::vector<std::unique_ptr<comm::Work>> pending(n);
+  for (int r = 1; r < n; ++r) pending[r] = comm.irecv(r, kTagSize, std::as_writable_bytes(std::span(&sizes[r], 1)));
+  for (int r = 1; r < n; ++r) pending[r]->wait(comm.timeout());
+  std::vector<std::vector<std::byte>> bytes(n);
+  for (int r = 1; r < n; ++r) {
+    if (sizes[r] > kMaxBytes)
+      throw Error("rank " + std::to_string(r) + " announced a timeline of " + std::to_string(sizes[r]) +
                   " bytes, more than the " + std::to_string(kMaxBytes) + " rank 0 accepts");
-    std::vector<std::byte> bytes(size);
-    if (!bytes.empty()) comm::recv(comm, r, kTagEvents, bytes);
-    for (TimelineEvent& e : deserialize_events(bytes)) {
-      e.start_us -= offset;
-      e.end_us -= offset;
+    bytes[r].resize(sizes[r]);
+  }
+  for (int r = 1; r < n; ++r) pending[r] = bytes[r].empty() ? nullptr : comm.irecv(r, kTagEvents, bytes[r]);
+  for (int r = 1; r < n; ++r) {
+    if (pending[r]) pending[r]->wait(comm.timeout());
+    for (TimelineEvent& e : deserialize_events(bytes[r])) {
+      e.start_us -= offsets[r];
+      e.end_us -= offsets[r];
       mine.push_back(std::move(e));
     }
   }

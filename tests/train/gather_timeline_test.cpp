@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "comm/run_ranks.h"
+#include "lockstep/comm/modelled_link.h"
 #include "lockstep/error.h"
 
 namespace lockstep::train {
@@ -102,6 +103,25 @@ TEST(GatherTimeline, StartsAtTheEarliestEvent) {
   EXPECT_EQ(all[1].start_us, 0.0);
   EXPECT_NEAR(all[0].start_us - all[1].start_us, 1e6 + 1000.0, 20000.0);
   for (const auto& e : all) EXPECT_DOUBLE_EQ(e.end_us - e.start_us, 500.0);
+}
+
+// Rank 0 receives the ranks' timelines at once, not one after another: on a
+// link where each of 7 timelines takes a quarter of a second, served in turn
+// rank 7 waited 1.5 s for its first probe and failed its 1 s timeout.
+TEST(GatherTimeline, NoRankWaitsForTheOthersTimelines) {
+  const int n = 8;
+  const comm::LinkModel link{.bytes_per_second = 10e6, .latency = std::chrono::microseconds(0)};
+  const auto t0 = Clock::now();
+  std::vector<std::size_t> gathered(n, 0);
+  const auto errors = testing::run_group(
+      comm::with_modelled_link(comm::make_thread_group({.world_size = n, .timeout = std::chrono::seconds(1)}), link),
+      [&](comm::Communicator& comm) {
+        // 2.5 MB of events a rank: 0.25 s on the link.
+        std::vector<TimelineEvent> mine(50000, {comm.rank(), Track::Compute, Phase::Backward, 1, "", 0, 1, 0, 0});
+        gathered[comm.rank()] = detail::gather_timeline(comm, mine, t0).size();
+      });
+  testing::rethrow_first(errors);
+  EXPECT_EQ(gathered[0], std::size_t(n) * 50000);
 }
 
 }  // namespace
