@@ -282,8 +282,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // A bad flag value, or a flag the chosen mode would ignore: a usage error, exit 2 as for what CLI11 refuses.
+  comm::LinkModel link;
   try {
-    comm::LinkModel link;
     if (!bandwidth.empty()) link.bytes_per_second = comm::parse_bandwidth(bandwidth);
     if (!latency.empty()) link.latency = comm::parse_latency(latency);
 
@@ -296,10 +297,16 @@ int main(int argc, char** argv) {
     if (app.count("--replicas") > 0 && backend != "threads") {
       throw lockstep::InvalidArgument("--replicas is for --backend threads; with processes, start one per replica");
     }
+    if (backend != "threads" && link.enabled()) throw lockstep::InvalidArgument("a modelled link is for --backend threads");
+  } catch (const lockstep::InvalidArgument& e) {
+    std::fprintf(stderr, "custom_loop: error: %s\n", e.what());
+    return 2;
+  }
+
+  try {
     Data train, test;
     make_blobs(/*seed=*/1, 4096, 1024, train, test);
     if (backend != "threads") {
-      if (link.enabled()) throw lockstep::InvalidArgument("a modelled link is for --backend threads");
       return run_as_process(comm::backend_from_string(backend), group_options, train, test, steps, clip_norm) ? 0 : 1;
     }
     std::printf(

@@ -366,7 +366,8 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
   }
   if (r.stopped_early) {
     s += "  stopped      early, after step " + std::to_string(r.steps) + " of " + std::to_string(r.steps_planned) +
-         " when asked to (SIGINT or SIGTERM to lockstep train, or a program's TrainHooks::stop_requested); " +
+         " when asked to (SIGINT, SIGTERM, SIGHUP or SIGUSR1 to lockstep train, or a program's "
+         "TrainHooks::stop_requested); " +
          "the result is that step's\n";
   }
   return s;

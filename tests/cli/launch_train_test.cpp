@@ -886,6 +886,8 @@ TEST_F(LaunchTrain, AnInterruptStopsTrainingWithTheOutputsWritten) {
     EXPECT_EQ(report["steps_planned"].get<int>(), 1000000);
     EXPECT_LT(report["steps"].get<int>(), 1000000);
     EXPECT_NE(run.out().find("stopped      early, after step"), std::string::npos) << run.out();
+    // The summary names every signal that stops it, SIGUSR1 among them.
+    EXPECT_NE(run.out().find("(SIGINT, SIGTERM, SIGHUP or SIGUSR1 to lockstep train"), std::string::npos) << run.out();
   }
   // The same signal twice within a second (GNU timeout sends it to its child
   // and again to its process group) is one request; a second one a second
