@@ -235,8 +235,12 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
   }
   std::vector<Child> children(specs.size());
   // Stopping the job: SIGTERM to whoever is left at term_at, SIGKILL at kill_at.
+  // A forwarded signal that the children stop on sets kill_at far off
+  // (stop_timeout) without any SIGTERM; a rank that fails during that stop
+  // still brings term_at and, with it, kill_at a grace after it (termed: the
+  // SIGTERM step is done, or was the forwarded signal itself).
   std::optional<Clock::time_point> term_at, kill_at;
-  bool killed = false;
+  bool termed = false, killed = false;
 
   const auto send_all = [&](int sig) {
     for (auto& c : children) {
@@ -368,9 +372,10 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
       }
       break;
     }
-    if (term_at && !kill_at && now >= *term_at) {
+    if (term_at && !termed && now >= *term_at) {
       send_all(SIGTERM);
-      kill_at = now + options.grace;
+      termed = true;
+      if (!kill_at || now + options.grace < *kill_at) kill_at = now + options.grace;
     }
     if (kill_at && !killed && now >= *kill_at) {
       send_all(SIGKILL);
@@ -378,7 +383,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
     }
     auto wait = std::chrono::milliseconds(1000);
     for (const auto& deadline :
-         {kill_at ? std::nullopt : term_at, killed ? std::nullopt : kill_at, drain_until}) {
+         {termed ? std::nullopt : term_at, killed ? std::nullopt : kill_at, drain_until}) {
       if (deadline) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now);
         wait = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
@@ -406,8 +411,8 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
             if (!kill_at) kill_at = Clock::now() + std::max(options.grace, options.stop_timeout);
             continue;
           }
-          stop_by(Clock::now());  // sent already: SIGKILL after the grace
-          if (!kill_at) kill_at = Clock::now() + options.grace;
+          termed = true;  // sent already: SIGKILL after the grace
+          if (!kill_at || Clock::now() + options.grace < *kill_at) kill_at = Clock::now() + options.grace;
         }
       }
     }

@@ -145,8 +145,10 @@ std::vector<TimelineEvent> deserialize_events(std::span<const std::byte> bytes) 
   return events;
 }
 
-std::vector<TimelineEvent> gather_timeline(comm::Communicator& comm, std::vector<TimelineEvent> mine,
-                                           Clock::time_point t0) {
+namespace {
+
+std::vector<TimelineEvent> gather_unnamed(comm::Communicator& comm, std::vector<TimelineEvent> mine,
+                                          Clock::time_point t0) {
   if (comm.rank() != 0) {
     for (int i = 0; i < kProbes; ++i) {
       recv_value<double>(comm, 0, kTagProbe);
@@ -189,6 +191,29 @@ std::vector<TimelineEvent> gather_timeline(comm::Communicator& comm, std::vector
     e.end_us -= first;
   }
   return mine;
+}
+
+}  // namespace
+
+// Its sends and receives carry bare tags ("recv from rank 1 timed out after
+// 5000 ms (tag 28930)"): a rank lost or hung while the timelines are gathered,
+// after the last step, is named with the operation, of the same class.
+std::vector<TimelineEvent> gather_timeline(comm::Communicator& comm, std::vector<TimelineEvent> mine,
+                                           Clock::time_point t0) {
+  const std::string what = "gathering every rank's timeline on rank 0 (--trace, --timeline-svg, --profile): ";
+  try {
+    return gather_unnamed(comm, std::move(mine), t0);
+  } catch (const CommAborted& e) {
+    throw CommAborted(what + e.what());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(what + e.what());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(what + e.what());
+  } catch (const IoError& e) {
+    throw IoError(what + e.what());
+  } catch (const Error& e) {
+    throw Error(what + e.what());
+  }
 }
 
 }  // namespace lockstep::train::detail

@@ -281,6 +281,36 @@ TEST(Supervisor, ChildrenThatStopOnASignalAreGivenTheTimeTheyTake) {
   EXPECT_TRUE(k.result.exits[0].signaled && k.result.exits[0].value == SIGKILL) << describe(k.result.exits[0]);
 }
 
+// A rank that fails while the job stops on a forwarded signal ends the
+// stop: the others get the failure's SIGTERM and SIGKILL, not the rest of
+// stop_timeout. With a rank frozen (SIGSTOP, a hung peer) and the launcher
+// sent SIGTERM or Ctrl-C, the other ranks' stop vote timed out and they
+// exited 1 within --timeout; the launcher then waited the whole
+// --stop-timeout (300 s) for the frozen rank before killing it. Here rank 0
+// ignores the SIGINT, as a frozen rank does, but not a SIGTERM; rank 1 fails
+// on the interrupt, as the ranks whose stop vote timed out. Before the fix
+// rank 0 was SIGKILLed when stop_timeout ran out.
+TEST(Supervisor, AFailureDuringAStopOnASignalStopsTheOthersAsAnyFailure) {
+  const std::string deaf = marker("deaf_to_int"), failing = marker("fails_on_int");
+  std::thread interrupt = interrupt_when_ready({deaf, failing});
+  const auto c = run({sh("rank 0", "trap '' INT; touch " + deaf + "; while :; do sleep 0.05; done"),
+                      sh("rank 1", "trap 'echo stop vote timed out >&2; exit 1' INT; touch " + failing +
+                                       "; while :; do sleep 0.05; done")},
+                     {.grace = std::chrono::seconds(20),
+                      .own_failure_wait = std::chrono::milliseconds(100),
+                      .children_stop_on_signal = true,
+                      .stop_timeout = std::chrono::seconds(40)});
+  interrupt.join();
+  EXPECT_EQ(c.result.forwarded_signal, SIGINT);
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  EXPECT_EQ(c.result.first_failure->value, 1);
+  ASSERT_EQ(c.result.exits.size(), 2u);
+  EXPECT_EQ(c.result.exits[1].index, 0);
+  EXPECT_TRUE(c.result.exits[1].signaled && c.result.exits[1].value == SIGTERM)
+      << describe(c.result.exits[1]) << ": the failure did not stop it; it waited for stop_timeout";
+}
+
 // Under nohup (SIGHUP ignored) the job outlives the terminal: the children
 // inherit the ignored SIGHUP, and the supervisor leaves it ignored when it
 // returns. Without nohup, the default action is back after supervise().

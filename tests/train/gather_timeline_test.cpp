@@ -124,5 +124,29 @@ TEST(GatherTimeline, NoRankWaitsForTheOthersTimelines) {
   EXPECT_EQ(gathered[0], std::size_t(n) * 50000);
 }
 
+// A rank that does not take part (lost or hung after the last step): rank 0
+// times out, and its error names the gather, not only a bare tag ("recv from
+// rank 1 timed out after 200 ms (tag 28930)"), and keeps its class.
+TEST(GatherTimeline, ARankThatNeverComesIsNamedWithTheGather) {
+  std::string rank0_error;
+  bool timeout = false;
+  const auto errors = testing::run_group(
+      comm::make_thread_group({.world_size = 2, .timeout = std::chrono::milliseconds(200)}),
+      [&](comm::Communicator& comm) {
+        if (comm.rank() != 0) return;  // never comes
+        try {
+          detail::gather_timeline(comm, {}, Clock::now());
+        } catch (const TimeoutError& e) {
+          timeout = true;
+          rank0_error = e.what();
+        } catch (const Error& e) {
+          rank0_error = e.what();
+        }
+      });
+  EXPECT_TRUE(timeout) << rank0_error;
+  EXPECT_NE(rank0_error.find("gathering every rank's timeline"), std::string::npos) << rank0_error;
+  EXPECT_NE(rank0_error.find("rank 1"), std::string::npos) << rank0_error;
+}
+
 }  // namespace
 }  // namespace lockstep::train
