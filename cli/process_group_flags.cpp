@@ -1,10 +1,17 @@
 // The shared process-group flags (process_group_flags.h).
 #include "process_group_flags.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "checks.h"
 #include "lockstep/error.h"
@@ -14,6 +21,51 @@ namespace lockstep::cli {
 namespace {
 
 comm::Duration seconds(double s) { return comm::Duration(static_cast<std::int64_t>(std::ceil(s * 1000))); }
+
+// Note [MPI's start-up has no timeout]: MPI_Init waits for every process of
+// the job (Open MPI's start-up exchange), and no MPI call bounds it. mpirun
+// starts the ranks together, but each loads its data first, so a rank that
+// is stopped, hung or slow before it reaches MPI_Init held every other rank
+// in it for ever. The library may not end the process; the command may. So a
+// process of the CLI that connects over MPI arms this watchdog: if the
+// connect has not returned after --rendezvous-timeout plus the two --timeout
+// waits that follow MPI_Init in it (connect_mpi's own duplicate of the world
+// communicator and its exchange of host names, which fail by themselves),
+// it says why and _exits 1, and mpirun ends the job.
+class ConnectWatchdog {
+ public:
+  ConnectWatchdog(std::chrono::duration<double> limit, std::string message)
+      : thread_([this, limit, message = std::move(message)] {
+          std::unique_lock lock(mu_);
+          if (cv_.wait_for(lock, limit, [&] { return done_; })) return;
+          // One write: the line is not cut by another thread's output.
+          [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message.data(), message.size());
+          ::_exit(1);
+        }) {}
+  ConnectWatchdog(const ConnectWatchdog&) = delete;
+  ConnectWatchdog& operator=(const ConnectWatchdog&) = delete;
+  ~ConnectWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+std::string mpirun_rank_text() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* env = std::getenv(name); env != nullptr && *env != '\0') return std::string("rank ") + env + ": ";
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -51,7 +103,9 @@ void add_process_group_flags(CLI::App& cmd, ProcessGroupFlags& f, bool with_time
       // Not empty: --secret-file "" (an unset $VAR) read as no flag, and the
       // job ran open to anyone, without the warning a Redis rendezvous gets.
       ->check(not_empty());
-  cmd.add_option("--rendezvous-timeout", f.rendezvous_timeout_s, "Seconds to wait for every rank to join")
+  cmd.add_option("--rendezvous-timeout", f.rendezvous_timeout_s,
+                 "Seconds to wait for every rank to join (gloo: the rendezvous; mpi: MPI's start-up, which waits "
+                 "for every process of the job)")
       ->check(number_in(0.001, 1e6));
   if (with_timeout) {
     cmd.add_option("--timeout", f.timeout_s, "Seconds any collective may wait before the group is aborted")
@@ -115,6 +169,8 @@ void check_group_flags(const CLI::App& cmd, const ProcessGroupFlags& f) {
   for (const char* flag : {"--rank", "--world-size", "--rendezvous", "--bind", "--job-id", "--secret-file",
                            "--rendezvous-timeout"}) {
     if (cmd.get_option(flag)->count() == 0) continue;
+    // MPI's start-up is bounded by it (Note [MPI's start-up has no timeout]).
+    if (backend == comm::Backend::Mpi && std::string_view(flag) == "--rendezvous-timeout") continue;
     if (backend == comm::Backend::Threads) {
       throw InvalidArgument(std::string(flag) + " is for a group of processes (--backend gloo or mpi); with "
                             "--backend threads every replica is a thread of this process and it has no effect. "
@@ -158,7 +214,23 @@ comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& f, std:
 std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlags& flags) {
   const comm::Backend backend = backend_of(flags);
   if (backend == comm::Backend::Threads) throw InvalidArgument("connect_process_group: not for --backend threads");
-  return comm::connect(backend, process_group_options(flags, std::cerr));
+  return connect_group(flags, process_group_options(flags, std::cerr));
+}
+
+std::unique_ptr<comm::Communicator> connect_group(const ProcessGroupFlags& flags,
+                                                  const comm::ProcessGroupOptions& options) {
+  const comm::Backend backend = backend_of(flags);
+  if (backend != comm::Backend::Mpi) return comm::connect(backend, options);
+  const double limit_s = flags.rendezvous_timeout_s + 2 * flags.timeout_s;
+  char limit_text[32];
+  std::snprintf(limit_text, sizeof limit_text, "%g", limit_s);
+  const ConnectWatchdog watchdog(
+      std::chrono::duration<double>(limit_s),
+      "lockstep: error: " + mpirun_rank_text() + "MPI's start-up did not finish within " + limit_text +
+          " s (--rendezvous-timeout plus twice --timeout): a process of this job has not reached it (stopped, hung, "
+          "or still loading its data, which every rank does first). Find the rank that is behind; if it is only "
+          "slow, raise --rendezvous-timeout.\n");
+  return comm::connect(backend, options);
 }
 
 int ranks_here_before_rendezvous(const ProcessGroupFlags& flags) {

@@ -68,7 +68,13 @@ comm::ProcessGroupOptions process_group_options(const ProcessGroupFlags& flags, 
 // before the rendezvous (--world-size, WORLD_SIZE); else 1.
 int ranks_here_before_rendezvous(const ProcessGroupFlags& flags);
 
-// process_group_options + comm::connect, warnings to stderr. The backend must not be threads.
+// comm::connect, and under --backend mpi a watchdog that ends the process
+// (exit 1, naming the cause) if MPI's start-up outlasts --rendezvous-timeout
+// plus twice --timeout (Note [MPI's start-up has no timeout]).
+std::unique_ptr<comm::Communicator> connect_group(const ProcessGroupFlags& flags,
+                                                  const comm::ProcessGroupOptions& options);
+
+// process_group_options + connect_group, warnings to stderr. The backend must not be threads.
 std::unique_ptr<comm::Communicator> connect_process_group(const ProcessGroupFlags& flags);
 
 }  // namespace lockstep::cli

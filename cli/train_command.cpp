@@ -591,7 +591,7 @@ int train_as_rank(TrainFlags& f, const data::ImageClassificationData& data) {
     }
   };
   check_replicas(backend_of(f.group) == comm::Backend::Mpi ? mpirun_world_size() : options.world_size);
-  const auto group = comm::connect(backend_of(f.group), options);
+  const auto group = connect_group(f.group, options);
   if (group->rank() == 0) std::cerr << warnings.str() << std::flush;
   try {
     auto& c = f.config;

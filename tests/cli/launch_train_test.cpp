@@ -348,6 +348,27 @@ TEST_F(LaunchTrain, ZeroOneOverGlooAndMpiTrainsTheThreadsBackendsWeights) {
   EXPECT_TRUE(read_file(dir / "mpi.safetensors") == want) << "mpi's --zero 1 weights differ from threads' --zero 0";
 }
 
+// Note [MPI's start-up has no timeout]: a process of the job that never
+// reaches MPI_Init (stopped, hung, still loading its data; here it sleeps
+// instead of starting lockstep) held the other ranks in MPI_Init for ever.
+// They now end after --rendezvous-timeout plus twice --timeout, saying why,
+// and mpirun ends the job.
+TEST_F(LaunchTrain, AnMpiRankThatNeverStartsMpiEndsTheJob) {
+  const std::string mpiexec = LOCKSTEP_MPIEXEC;
+  if (mpiexec.empty()) GTEST_SKIP() << "built without the MPI backend";
+  const auto data = make_data_dir("mpi_never");
+  auto args = mpirun_args(2, train_args(data, {"--steps", "2", "--rendezvous-timeout", "1", "--timeout", "1"}));
+  const auto cli = std::find(args.begin(), args.end(), std::string(LOCKSTEP_CLI));
+  ASSERT_NE(cli, args.end());
+  args.insert(cli, {"sh", "-c", R"(if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec sleep 600; fi; exec "$0" "$@")"});
+  CliRun r(run_dir("mpi_never"), args, mpiexec);
+  EXPECT_NE(r.wait(std::chrono::seconds(120)), 0) << r.err();
+  EXPECT_NE(r.err().find("rank 0: MPI's start-up did not finish within 3 s (--rendezvous-timeout plus twice "
+                         "--timeout): a process of this job has not reached it"),
+            std::string::npos)
+      << r.err();
+}
+
 TEST_F(LaunchTrain, AThrowingRankStopsEveryRankAndIsNamed) {
   const auto data = make_data_dir("throw");
   CliRun r(run_dir("throw"), launch_args(3, train_args(data, {"--steps", "50", "--inject", "throw@2:1"})));
