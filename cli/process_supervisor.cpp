@@ -6,7 +6,7 @@
 //      relay whole lines, reap children on SIGCHLD, forward SIGINT/SIGTERM/
 //      SIGHUP/SIGUSR1 (a closed terminal or a dropped ssh session: the ranks get the
 //      grace too, and the launcher removes its rendezvous directory);
-//   3. on the first failure, SIGTERM the rest (after a moment to end on their
+//   3. on the first failure, SIGTERM (and SIGCONT) the rest (after a moment to end on their
 //      own: SupervisorOptions::own_failure_wait); SIGKILL them after the grace;
 //   4. once every child is reaped, read what is left in the pipes (2 s at
 //      most: a grandchild may hold them open), restore the handlers, return.
@@ -374,6 +374,7 @@ SupervisorResult supervise(const std::vector<ChildSpec>& specs, const Supervisor
     }
     if (term_at && !termed && now >= *term_at) {
       send_all(SIGTERM);
+      send_all(SIGCONT);  // a rank stopped (SIGSTOP) acts on the SIGTERM only once continued
       termed = true;
       if (!kill_at || now + options.grace < *kill_at) kill_at = now + options.grace;
     }

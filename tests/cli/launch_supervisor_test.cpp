@@ -183,6 +183,23 @@ TEST(Supervisor, AChildThatIgnoresSigtermIsKilledAfterTheGrace) {
   EXPECT_EQ(c.result.exits[1].value, SIGKILL);
 }
 
+// A rank frozen by SIGSTOP when another fails is continued with the SIGTERM,
+// so it ends then and not at the SIGKILL after the grace (a stopped process
+// acts on SIGTERM only once continued); it is still named as stopped.
+TEST(Supervisor, AStoppedChildEndsWithTheSigtermNotAfterTheGrace) {
+  const std::string mark = marker("stopping");
+  const auto c = run({sh("rank 0", "touch " + mark + "; kill -STOP $$; exec sleep 30"),
+                      sh("rank 1", wait_for(mark) + "sleep 0.2; exit 1")},
+                     {.grace = std::chrono::seconds(20), .own_failure_wait = std::chrono::milliseconds(100)});
+  ASSERT_TRUE(c.result.first_failure);
+  EXPECT_EQ(c.result.first_failure->index, 1);
+  ASSERT_EQ(c.result.stopped.size(), 1u);
+  EXPECT_EQ(c.result.stopped[0].index, 0);
+  ASSERT_EQ(c.result.exits.size(), 2u);
+  EXPECT_EQ(c.result.exits[1].index, 0);
+  EXPECT_EQ(describe(c.result.exits[1]), "signal 15 (SIGTERM)") << "it was killed after the grace";
+}
+
 // A rank stopped by another's failure (exit code 3) is not named if the one
 // that failed on its own ends after it; and it is not cut short: after a
 // consequence the others get the grace to end on their own.
