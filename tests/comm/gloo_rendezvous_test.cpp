@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <poll.h>
@@ -175,6 +176,43 @@ TEST_F(GlooRendezvous, AClaimLeftByAnExitedProcessIsTakenOverByTheNextJob) {
     ASSERT_EQ(exits.size(), 2u);
     for (const auto& e : exits) EXPECT_EQ(e.code, 0) << contains_msg(e);
   }
+}
+
+// A rank that joins and then dies before it publishes its addresses (killed
+// between the two): the others name it at once, as exited, instead of
+// waiting out the rendezvous timeout for a rank "which joined but did not
+// publish them". Rank 1 is a child process that joins and exits once rank 0
+// has published (so rank 0 has seen its live claim).
+TEST_F(GlooRendezvous, ARankThatDiesAfterItsJoinIsNamedAtOnce) {
+  const auto rdv = dir_ / "rdv";
+  std::filesystem::create_directories(rdv);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep", 2000ms);
+      const auto start = std::chrono::steady_clock::now();
+      comm::gloo_backend::join(store, 1, 2, 20000ms, start + 20s, lockstep::build_id());
+      while (!store.try_get("addr/0") && std::chrono::steady_clock::now() < start + 20s)
+        std::this_thread::sleep_for(10ms);
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  // Reaped as it exits, as a launcher does: a zombie's pid still answers kill(pid, 0).
+  std::thread reaper([child] { waitpid(child, nullptr, 0); });
+  GlooGroup group(dir_);
+  auto a = args(2);
+  a.insert(a.end(), {"--rendezvous-timeout-ms", "60000"});
+  group.spawn(0, a);
+  const auto exits = group.wait_all(30s);  // a wait for the dead rank's addresses lasts 60 s
+  reaper.join();
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_NE(exits[0].code, 0) << contains_msg(exits[0]);
+  EXPECT_NE(exits[0].log.find("rank 1 joined the group and then exited (killed or crashed) before it published its "
+                              "addresses"),
+            std::string::npos)
+      << contains_msg(exits[0]);
 }
 
 // A Redis server in miniature (SETNX, GET and DEL over RESP) that answers

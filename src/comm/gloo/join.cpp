@@ -173,6 +173,16 @@ void publish_abort(RendezvousStore& store, const std::string& reason) noexcept {
   write_abort(store, store.abort_key(), reason);
 }
 
+bool claim_holder_exited(RendezvousStore& store, int rank) noexcept {
+  const ScopedSigpipeBlock no_sigpipe;
+  try {
+    const auto v = store.try_get("rank/" + std::to_string(rank));
+    return v && claimed_by_exited_process(parse(*v));
+  } catch (...) {
+    return false;  // a store that does not answer: the caller's deadline decides
+  }
+}
+
 std::optional<std::string> read_abort(RendezvousStore& store) noexcept {
   const ScopedSigpipeBlock no_sigpipe;
   try {

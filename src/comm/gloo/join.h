@@ -83,6 +83,11 @@ void leave(RendezvousStore& store, int rank, int world_size) noexcept;
 // deadline). Never throws.
 void leave_failed(RendezvousStore& store, int rank, int world_size, const std::string& reason) noexcept;
 
+// Whether rank `rank`'s claim is held by a process of this boot and pid
+// namespace that has exited (killed or crashed after it joined). False for a
+// live process, another host's (it cannot be checked), or no claim. Never throws.
+bool claim_holder_exited(RendezvousStore& store, int rank) noexcept;
+
 // Throws the rendezvous refusal recorded in the store, if any (InvalidArgument
 // for a refusal during the join, CommAborted for any other abort).
 void throw_if_aborted(RendezvousStore& store, int rank);

@@ -233,6 +233,7 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
 
   // Every peer's addresses, or the ranks that did not publish them in time.
   std::vector<std::vector<std::vector<char>>> theirs(size);
+  Clock::time_point next_claim_check = Clock::now();
   for (;;) {
     std::vector<int> missing;
     for (int i = 0; i < size; ++i) {
@@ -245,6 +246,20 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     }
     if (missing.empty()) break;
     throw_if_aborted(store, rank);
+    // A rank on this host that joined and then died would be waited for
+    // until the deadline, and named as one that "did not publish" them.
+    // Looked at twice a second: each look reads every missing rank's claim.
+    if (Clock::now() >= next_claim_check) {
+      next_claim_check = Clock::now() + std::chrono::milliseconds(500);
+      for (int m : missing) {
+        if (!claim_holder_exited(store, m)) continue;
+        const std::string msg = "rendezvous " + store.address() + ": " + me + ": rank " + std::to_string(m) +
+                                " joined the group and then exited (killed or crashed) before it published its "
+                                "addresses; start the job again";
+        publish_abort(store, msg);
+        throw CommAborted(msg);
+      }
+    }
     if (Clock::now() >= deadline) {
       std::string list;
       for (int m : missing) list += (list.empty() ? "" : ", ") + std::to_string(m);
