@@ -758,6 +758,18 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
         train::make_model(c, data.train.features, data.train.num_classes)->describe());
     hooks.on_checkpoint = [&checkpoints](const train::Checkpoint& cp) { checkpoints->write(cp); };
   }
+  const auto save_weights = [&f](const train::TrainResult& r) {
+    nn::save_weights(f.save_file, r.layout, r.params, r.buffer_layout, r.buffers,
+                     {{"format", "pt"}, {"model", r.model_description}});
+  };
+  if (rank0 && !f.save_file.empty()) {  // Note [Lost after the last step] (trainer.cpp)
+    hooks.on_lost_after_training = [&](const train::TrainResult& r) {
+      save_weights(r);
+      warn("a rank was lost after the last step, while the outputs were gathered; the weights it trained to the "
+           "end (compared across the ranks after the last step) are saved to " + f.save_file +
+           ", and the report, trace and profile are not written.");
+    };
+  }
   auto result =
       group != nullptr ? train::train_replica(c, data, *group, hooks) : train::train(c, data, hooks);
   if (checkpoints) checkpoints->finish();  // the last checkpoint is on disk before the run reports
@@ -797,10 +809,7 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
   }
 
   (takes_standard_output(output_files(f)) ? std::cerr : std::cout) << train::summary_text(c, result);
-  if (!f.save_file.empty()) {
-    nn::save_weights(f.save_file, result.layout, result.params, result.buffer_layout, result.buffers,
-                     {{"format", "pt"}, {"model", result.model_description}});
-  }
+  if (!f.save_file.empty()) save_weights(result);
   // Note [A job that had ended]: a report already there is the one of the
   // run that trained (a job run again after it ended, or one that failed
   // after writing it); a run of no step would replace its timings with none.

@@ -620,10 +620,25 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
   or_abort([&] { outputs[0] = detail::run_replica(shared, comm); });
   const bool recorded = outputs[0].recorded_timeline;
   TrainResult result = assemble(c, p, outputs);
-  result.traffic = or_abort([&] { return gather_traffic(comm, result.traffic[0]); });
-  // The trace and the SVG draw every rank, on rank 0's clock.
-  if (recorded)
-    result.timeline = or_abort([&] { return detail::gather_timeline(comm, std::move(result.timeline), shared.t0); });
+  // Note [Lost after the last step]: the weights are final and compared on
+  // every rank here; what follows only gathers what the outputs report. A
+  // rank lost now fails the run, but rank 0 still holds what it trained:
+  // the hook gets it before the failure is thrown (lockstep train writes
+  // --save from it; the report, which needs every rank's traffic, is not).
+  try {
+    result.traffic = or_abort([&] { return gather_traffic(comm, result.traffic[0]); });
+    // The trace and the SVG draw every rank, on rank 0's clock.
+    if (recorded)
+      result.timeline = or_abort([&] { return detail::gather_timeline(comm, std::move(result.timeline), shared.t0); });
+  } catch (...) {
+    if (comm.rank() == 0 && hooks.on_lost_after_training) {
+      try {
+        hooks.on_lost_after_training(result);
+      } catch (...) {  // the failure above is the one to report
+      }
+    }
+    throw;
+  }
   return result;
 }
 

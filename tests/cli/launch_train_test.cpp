@@ -1075,6 +1075,20 @@ TEST_F(LaunchTrain, AFailedJobRestartedFromItsCheckpointEndsAsTheUnbrokenJob) {
   EXPECT_EQ(ended["resumed_from_step"], 40);
   EXPECT_EQ(ended["test_accuracy"], report["test_accuracy"]);
 
+  // The same failure with no restart (Note [Lost after the last step]): the
+  // job fails, but rank 0 keeps what it trained: --save is the unbroken job's
+  // weights; the report, which needs every rank, is not written.
+  const auto lost_dir = run_dir("lost-after-the-last");
+  CliRun lost(lost_dir,
+              launch({}, {"--checkpoint", "c.st", "--inject", "throw@40:1", "--save", "w.st", "--report", "r.json"}));
+  EXPECT_NE(lost.wait(), 0) << lost.err();
+  EXPECT_NE(lost.err().find("a rank was lost after the last step, while the outputs were gathered; the weights it "
+                            "trained to the end (compared across the ranks after the last step) are saved to w.st"),
+            std::string::npos)
+      << lost.err();
+  EXPECT_EQ(read_file(lost_dir / "w.st"), want) << "the weights saved after the loss differ from the unbroken job's";
+  EXPECT_FALSE(fs::exists(lost_dir / "r.json"));
+
   // Refused flags would be refused again: one run, not restarted.
   CliRun refused(run_dir("restart-refused"), launch({"--max-restarts", "2"}, {"--auto-resume"}));
   EXPECT_EQ(refused.wait(), 2) << refused.err();

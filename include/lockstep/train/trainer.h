@@ -347,6 +347,14 @@ struct TrainHooks {
   // Warnings (a skipped step, a repair, an injected fault), one sentence
   // each. Called from any replica's thread; must be thread-safe.
   std::function<void(const std::string& message)> on_warning;
+  // train_replica only (processes): called on rank 0's thread when the run
+  // has trained to its end (its weights compared, the test set evaluated) but
+  // gathering the ranks' traffic and timelines then failed (a rank lost or
+  // hung after the last step; Note [Lost after the last step]). `result` holds
+  // the final weights and buffers, and rank 0's own traffic only; train_replica
+  // throws the failure after the call, so a program can keep the weights
+  // (lockstep train writes --save). What the hook throws is ignored.
+  std::function<void(const TrainResult& result)> on_lost_after_training;
 };
 
 // Builds the model that TrainConfig describes (every replica calls this).
