@@ -745,6 +745,16 @@ int train_and_report(TrainFlags& f, const data::ImageClassificationData& data, c
     warn("--check-every 0 turns the divergence detector off: the injected bit flip will go unnoticed and the "
          "replicas end with different weights (what the detector is there to catch).");
   }
+  // A fault at a step the resumed run does not run never happens: say so,
+  // rather than show a clean run as if the guards had seen nothing (not
+  // refused: --auto-resume runs one command again, and the fault was in the
+  // run before).
+  for (const auto& x : c.inject) {
+    if (x.kind != train::Fault::Kind::SameSeed && x.step < c.start_step) {
+      warn("--inject names step " + std::to_string(x.step) + ", before the steps this run goes on with (from " +
+           std::to_string(c.start_step) + ", " + resume_flag(f) + "): that fault will not happen in this run.");
+    }
+  }
   const StopOnSignal interrupt(/*announce=*/rank0 && !f.quiet);
   train::TrainHooks hooks{.on_progress = std::ref(printer),
                           .stop_requested = [&interrupt] { return interrupt.requested(); },

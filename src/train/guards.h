@@ -120,6 +120,14 @@ class Guards {
   // the replicas diverged (stop), or re-broadcasts from a majority replica
   // (repair). Returns whether the divergence detector ran. `last_step`: also
   // a step whose state is kept (a checkpoint, a stop), compared as the last is.
+  //
+  // Note [Audit before a checkpoint]: a checkpoint step audits the samples
+  // read since the last check whatever check_every is (the caller passes it
+  // as `epoch_end`). The tallies are not kept in the checkpoint, so a window
+  // left open at a mid-epoch checkpoint was never audited: with --check-every
+  // 0 a run that read overlapping shards up to a checkpoint and then failed
+  // went on from it (--resume, launch --max-restarts) and its summary said
+  // each sample was read exactly once.
   bool check(std::int64_t step, bool epoch_end, bool last_step, std::span<float> params, std::span<float> state,
              std::span<float> buffers, ReplicaOutput& out);
 

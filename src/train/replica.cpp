@@ -548,11 +548,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     const bool last_step = step == s.total_steps - 1;
     const bool epoch_end = in_epoch == s.sampler.steps_per_epoch() - 1 || last_step;
     // A checkpoint keeps rank 0's state as everyone's: compared first, so a
-    // replica that diverged is caught (or repaired) before it is kept.
+    // replica that diverged is caught (or repaired) before it is kept. Its
+    // reads are audited first too, even with the detector off (--check-every
+    // 0): Note [Audit before a checkpoint].
     const bool checkpoint_step =
         checkpointing && ((c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || epoch_end);
-    const bool checked = guards.check(step, epoch_end, last_step || checkpoint_step, params, optimizer->state(),
-                                      buffers, out);  // in the step's time
+    const bool checked = guards.check(step, epoch_end || checkpoint_step, last_step || checkpoint_step, params,
+                                      optimizer->state(), buffers, out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);

@@ -625,6 +625,26 @@ TEST(Cli, FlagsTheModeIgnoresAreRefusedByName) {
   EXPECT_EQ(typo.output.find("goes after --"), std::string::npos) << typo.output;
 }
 
+// A fault named at a step before a resumed run's first never happens: the run
+// says so instead of showing a clean run as if the guards had seen nothing.
+// Without it, --resume with --inject bitflip@2:1 after step 4 ended with
+// every check agreeing and no word of the flip.
+TEST(Cli, AFaultBeforeTheResumedStepsIsNamedAsOneThatWillNotHappen) {
+  const fs::path dir = make_data_dir("cli_inject_resume");
+  const std::string ck = (dir / "run.ck").string();
+  const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 --steps 8 --quiet ";
+  const CliRun first = run(common + "--checkpoint " + ck + " --checkpoint-every 4 --inject throw@6:1");
+  EXPECT_EQ(first.code, 1) << first.output;
+  const CliRun resumed = run(common + "--resume " + ck + " --inject bitflip@2:1 --inject bitflip@5:1");
+  EXPECT_EQ(resumed.code, 1) << resumed.output;  // the flip after step 5 is caught at the last
+  EXPECT_NE(resumed.output.find("--inject names step 2, before the steps this run goes on with (from 4, --resume): "
+                                "that fault will not happen in this run."),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(resumed.output.find("--inject names step 5, before"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("replicas diverged by step 7"), std::string::npos) << resumed.output;
+}
+
 TEST(Cli, IgnoredFlagsAndAnUnreachableTimelineStepFailBeforeTraining) {
   const fs::path dir = make_data_dir("cli_ignored");
   const std::string common = "train --data " + dir.string() + " --replicas 2 --micro-batch 8 ";

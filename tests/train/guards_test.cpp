@@ -309,6 +309,33 @@ TEST(DataAccounting, SameSeedStopsAtTheFirstCheckNamingTheBug) {
   EXPECT_EQ(train(c, synthetic_data(1024)).accounting_checks, 3);  // 16 steps per epoch: 15, 31, 39
 }
 
+// Note [Audit before a checkpoint]: with the detector off (--check-every 0)
+// a mid-epoch checkpoint still audits the reads it keeps. Without it the
+// same-seed run wrote checkpoints after steps 4, 9 and 14 unaudited; one
+// resumed from them (after a failure, or launch --max-restarts) reported
+// every sample read exactly once.
+TEST(DataAccounting, ACheckpointAuditsTheReadsItKeepsWithTheDetectorOff) {
+  auto c = config(4);
+  c.steps = 40;  // 16 steps per epoch of 1024
+  c.check_every = 0;
+  c.checkpoint_every = 5;
+  c.inject = {fault_from_string("same-seed")};
+  int checkpoints = 0;
+  TrainHooks hooks;
+  hooks.on_checkpoint = [&](const Checkpoint&) { ++checkpoints; };
+  const auto what = error_of(c, hooks);
+  EXPECT_NE(what.find("data accounting failed by step 4: ranks 0, 1, 2 and 3 read identical samples"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(checkpoints, 0);
+
+  c.inject.clear();  // a clean run: audited at every checkpoint (4, 9, 14, 15 the epoch's end, ...)
+  checkpoints = 0;
+  const auto r = train(c, synthetic_data(1024), hooks);
+  EXPECT_EQ(checkpoints, 10);  // after steps 4, 9, 14, 15, 19, 24, 29, 31, 34, 39
+  EXPECT_EQ(r.accounting_checks, 10);
+}
+
 // Buffers (batch norm running statistics): with --bn-stats sync every
 // replica holds the same, so the detector covers them and a flipped bit in
 // one is caught like a weight's; with local they differ by design, and the
