@@ -289,6 +289,9 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
          "against or to compare them with" +
          std::string(c.check_every > 0 ? " (" + plural(r.divergence_checks, "divergence check") + ", met trivially)"
                                        : " (divergence detector off)");
+  } else if (steps_here(r) == 0) {  // Note [A job that had ended]: nothing to compare or audit
+    s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
+         " fields agreed, weights verified after the broadcast";
   } else {
     s += "  guards       start-up handshake of " + std::to_string(r.handshake_fields) +
          " fields agreed, weights verified after the broadcast; ";
@@ -310,8 +313,13 @@ std::string summary_text(const TrainConfig& c, const TrainResult& r) {
       s += "divergence detector off";
     }
   }
-  s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
-       "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
+  if (steps_here(r) == 0) {
+    s += "; this run made no step, so it compared and audited nothing (the run that trained the checkpoint's steps "
+         "checked them)\n";
+  } else {
+    s += "; " + plural(std::int64_t(r.skipped.size()), "step") + " skipped for non-finite gradients; each sample an " +
+         "epoch uses read exactly once (" + plural(r.accounting_checks, "accounting check") + ")\n";
+  }
   if (c.clip_grad_norm > 0) {  // Note [Clipping the averaged gradient]
     std::vector<double> norms;  // of the steps applied (a skipped step's is NaN)
     for (double n : r.grad_norms)

@@ -1798,6 +1798,10 @@ TEST(Cli, AutoResumeGoesOnFromTheCheckpointWhenItIsThere) {
   };
   EXPECT_EQ(accuracy(ended.output), accuracy(again.output)) << ended.output;
   EXPECT_NE(ended.output.find("final loss not known (no step ran)"), std::string::npos) << ended.output;
+  // It checked nothing, and does not say it did ("compared ... (0 checks)", "read exactly once").
+  EXPECT_NE(ended.output.find("this run made no step, so it compared and audited nothing"), std::string::npos)
+      << ended.output;
+  EXPECT_EQ(ended.output.find("read exactly once"), std::string::npos) << ended.output;
   EXPECT_NE(ended.output.find("--timeline-svg not written: this run went on from " + checkpoint), std::string::npos)
       << ended.output;
   EXPECT_FALSE(fs::exists(out / "ended.svg"));
