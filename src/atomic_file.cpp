@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <system_error>
 
@@ -68,6 +69,22 @@ int write_all(int fd, std::span<const std::span<const std::byte>> pieces) {
   return 0;
 }
 
+// Gives the unnamed file `fd` (O_TMPFILE) a new name beside `target`,
+// TARGET.tmp-XXXXXX, and returns it; "" if it cannot (no /proc to link from
+// without privileges, or the file system refuses).
+std::string name_beside(int fd, const std::filesystem::path& target) {
+  const std::string from = "/proc/self/fd/" + std::to_string(fd);
+  std::random_device entropy;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    constexpr std::string_view kLetters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    std::string name = target.string() + ".tmp-";
+    for (int i = 0; i < 6; ++i) name += kLetters[entropy() % kLetters.size()];
+    if (::linkat(AT_FDCWD, from.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0) return name;
+    if (errno != EEXIST) return "";
+  }
+  return "";
+}
+
 }  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
@@ -105,26 +122,58 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   // (or will be) in, at the end of any symbolic links, so a link stays a link.
   const std::filesystem::path target = output_target(path);
   const bool exists = ::stat(target.c_str(), &old) == 0;
+  // mkstemp and O_TMPFILE create 0600: a file that existed keeps its mode
+  // (and, where we may, its owner); a new one gets what a new file gets.
+  const mode_t mode = exists ? old.st_mode & 07777 : 0666 & ~current_umask();
+  const auto write_out = [&](int fd) {  // the bytes, mode and owner, on disk: 0 or an errno
+    int err = write_all(fd, pieces);
+    if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
+    if (err == 0 && exists && (old.st_uid != ::geteuid() || old.st_gid != ::getegid())) {
+      [[maybe_unused]] const int ignored = ::fchown(fd, old.st_uid, old.st_gid);  // root may; others keep theirs
+    }
+    if (err == 0 && ::fsync(fd) != 0) err = errno;
+    return err;
+  };
+  const auto close_and_replace = [&](int fd, const std::string& tmp) {
+    std::error_code ec;
+    if (::close(fd) != 0) ec = std::error_code(errno, std::generic_category());
+    if (!ec) std::filesystem::rename(tmp, target, ec);
+    if (ec) {
+      std::filesystem::remove(tmp, ec);  // the target was not touched
+      fail("cannot replace the file: " + ec.message());
+    }
+  };
+  // Note [Nothing left by a killed writer]: the new contents go to a file
+  // with no name (O_TMPFILE), which gets one beside the target only once it
+  // is whole and on disk, for the moment until the rename. A process killed
+  // while it writes (SIGKILL, out of memory, a file-size limit) leaves
+  // nothing: the kernel frees an unnamed file with its last descriptor.
+  // Where the file system has no O_TMPFILE, or /proc is not mounted to name
+  // it, a named temporary (mkstemp) is written instead, which such a kill
+  // leaves behind as FILE.tmp-XXXXXX (the old file is untouched either way).
+  const int unnamed = ::open(target.parent_path().empty() ? "." : target.parent_path().c_str(),
+                             O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (unnamed >= 0) {
+    if (const int err = write_out(unnamed); err != 0) {
+      ::close(unnamed);  // and the file is gone with it
+      fail(std::strerror(err));
+    }
+    if (const std::string tmp = name_beside(unnamed, target); !tmp.empty()) {
+      close_and_replace(unnamed, tmp);
+      return;
+    }
+    ::close(unnamed);  // written, but no way to name it: the named way below
+  }
   std::string tmp = target.string() + ".tmp-XXXXXX";
   const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
-  int err = write_all(fd, pieces);
-  // mkstemp creates 0600: a file that existed keeps its mode (and, where we
-  // may, its owner); a new one gets what a new file gets.
-  const mode_t mode = exists ? old.st_mode & 07777 : 0666 & ~current_umask();
-  if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
-  if (err == 0 && exists && (old.st_uid != ::geteuid() || old.st_gid != ::getegid())) {
-    [[maybe_unused]] const int ignored = ::fchown(fd, old.st_uid, old.st_gid);  // root may; others keep theirs
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  std::error_code ec;
-  if (err == 0) std::filesystem::rename(tmp, target, ec);
-  if (err != 0 || ec) {
-    const std::string why = err != 0 ? std::strerror(err) : "cannot replace the file: " + ec.message();
+  if (const int err = write_out(fd); err != 0) {
+    ::close(fd);
+    std::error_code ec;
     std::filesystem::remove(tmp, ec);  // the target was not touched
-    fail(why);
+    fail(std::strerror(err));
   }
+  close_and_replace(fd, tmp);
 }
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view text, std::string_view what) {

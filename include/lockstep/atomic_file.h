@@ -12,10 +12,13 @@
 
 namespace lockstep {
 
-// Writes `pieces`, in order, to a new temporary file beside `path` (mkstemp:
-// a unique name, so no other file is touched), flushes it to disk and renames
-// it over `path`. A reader never sees half a file, and a failed write leaves
-// the old file as it was and no temporary behind. A file that existed keeps
+// Writes `pieces`, in order, to a new file with no name in the directory of
+// `path` (O_TMPFILE), flushes it to disk, names it beside `path` (a unique
+// name, so no other file is touched) and renames it over `path`. A reader
+// never sees half a file, and a failed write leaves the old file as it was and
+// no temporary behind, even if the process is killed while it writes. (Where
+// the file system has no O_TMPFILE, or /proc is not mounted, the temporary is
+// a named one, mkstemp, which such a kill leaves behind.) A file that existed keeps
 // its mode (and its owner, where the process may set it); a new one gets
 // 0666 less the umask. A symbolic link is followed (output_target), so the
 // link stays and its target gets the new contents. The process's own stdout

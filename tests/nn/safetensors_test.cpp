@@ -1,9 +1,14 @@
 #include "lockstep/nn/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <bit>
+#include <csignal>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -304,6 +309,70 @@ TEST_F(SafetensorsTest, SaveReplacesExistingFile) {
   EXPECT_EQ(f.tensors[0].name, "b");
   EXPECT_EQ(f.tensors[0].data, b);
   EXPECT_EQ(f.metadata.at("step"), "2");
+}
+
+// A process killed while it writes a checkpoint (here by its file-size
+// limit, SIGXFSZ, as SIGKILL or the OOM killer would) leaves the old file as
+// it was and no temporary beside it (Note [Nothing left by a killed writer]).
+TEST_F(SafetensorsTest, AWriterKilledMidWriteLeavesTheOldFileAndNoTemporary) {
+  const fs::path p = dir_ / "checkpoint.safetensors";
+  std::vector<float> old_values = {1.0f, 2.0f};
+  save_safetensors(p, std::vector<TensorRef>{{"w", {2}, old_values}});
+  const std::string before = read_bytes(p);
+  const std::vector<float> big(1 << 20, 3.0f);  // 4 MiB, against a limit of 64 KiB
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit no_core{0, 0}, small{64 << 10, 64 << 10};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    ::signal(SIGXFSZ, SIG_DFL);
+    try {
+      save_safetensors(p, std::vector<TensorRef>{{"w", {1 << 20}, big}});
+    } catch (...) {
+    }
+    ::_exit(0);  // not reached: the limit kills the writer
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ) << "status " << status;
+  EXPECT_EQ(read_bytes(p), before);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_)) names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"checkpoint.safetensors"});
+}
+
+// Where an unnamed file cannot be given a name (no /proc here: a mount
+// namespace without it), the write takes a named temporary and still
+// replaces the file whole.
+TEST_F(SafetensorsTest, WithoutProcToNameAnUnnamedFileANamedTemporaryIsUsed) {
+  const fs::path p = dir_ / "checkpoint.safetensors";
+  std::vector<float> old_values = {1.0f, 2.0f};
+  save_safetensors(p, std::vector<TensorRef>{{"w", {2}, old_values}});
+  std::vector<float> new_values = {3.0f, 4.0f, 5.0f};
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::umount2("/proc", MNT_DETACH) != 0 || fs::exists("/proc/self")) {
+      ::_exit(77);
+    }
+    try {
+      save_safetensors(p, std::vector<TensorRef>{{"w", {3}, new_values}});
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot make a mount namespace without /proc here (needs root)";
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the write failed";
+  const SafetensorsFile f = load_safetensors(p);
+  ASSERT_EQ(f.tensors.size(), 1u);
+  EXPECT_EQ(f.tensors[0].data, new_values);
+  EXPECT_EQ(files_in_dir(), 1u);
 }
 
 }  // namespace

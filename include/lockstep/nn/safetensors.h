@@ -52,7 +52,7 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 //
 // Atomic (lockstep/atomic_file.h): writes a new temporary file beside `path`,
 // fsyncs it, then renames it over `path`; on any failure `path` is untouched
-// and the temporary file is removed.
+// and no temporary file is left, even by a process killed while it writes.
 //
 // Throws InvalidArgument (before touching the disk) if a shape has a negative
 // dimension or its element count differs from data.size(), if two tensors share
