@@ -61,9 +61,12 @@ int write_all(int fd, std::span<const std::span<const std::byte>> pieces) {
     std::size_t done = 0;
     while (done < piece.size()) {
       const ssize_t n = ::write(fd, piece.data() + done, piece.size() - done);
-      if (n > 0) done += std::size_t(n);
-      else if (n == 0) return EIO;  // a full disk that says nothing
-      else if (errno != EINTR) return errno;
+      if (n > 0)
+        done += std::size_t(n);
+      else if (n == 0)
+        return EIO;  // a full disk that says nothing
+      else if (errno != EINTR)
+        return errno;
     }
   }
   return 0;
@@ -87,8 +90,8 @@ std::string name_beside(int fd, const std::filesystem::path& target) {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
-                           std::string_view what) {
+void write_file_atomically(const std::filesystem::path& path,
+                           std::span<const std::span<const std::byte>> pieces, std::string_view what) {
   const auto fail = [&](const std::string& why) {
     throw IoError(path.string() + ": could not write " + std::string(what) + " (" + why + ").");
   };
@@ -111,7 +114,8 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
     // since renaming over it would replace it. A FIFO with no reader fails at
     // once instead of blocking in open().
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail(errno == ENXIO && S_ISFIFO(old.st_mode) ? "nothing is reading the pipe" : std::strerror(errno));
+    if (fd < 0)
+      fail(errno == ENXIO && S_ISFIFO(old.st_mode) ? "nothing is reading the pipe" : std::strerror(errno));
     int err = ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ? errno : 0;
     if (err == 0) err = write_all(fd, pieces);
     if (::close(fd) != 0 && err == 0) err = errno;
@@ -129,7 +133,8 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
     int err = write_all(fd, pieces);
     if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
     if (err == 0 && exists && (old.st_uid != ::geteuid() || old.st_gid != ::getegid())) {
-      [[maybe_unused]] const int ignored = ::fchown(fd, old.st_uid, old.st_gid);  // root may; others keep theirs
+      [[maybe_unused]] const int ignored =
+          ::fchown(fd, old.st_uid, old.st_gid);  // root may; others keep theirs
     }
     if (err == 0 && ::fsync(fd) != 0) err = errno;
     return err;

@@ -300,6 +300,75 @@ class StallingRedis {
   std::thread thread_;
 };
 
+// A rank held up past its own join deadline (here: it began its rendezvous,
+// then ran again only after rank 0 had given up waiting for it) names rank 0
+// as one that had joined and gave up, not as one that "has not joined"
+// (Note [A rank that gave up]). A record from before this rank began is an
+// earlier job's and is not named.
+TEST_F(GlooRendezvous, ARankHeldUpPastItsDeadlineNamesTheOneThatGaveUp) {
+  const auto rdv = dir_ / "rdv";
+  std::filesystem::create_directories(rdv);
+  const auto timeout = 300ms;
+  const auto join_error = [&](int rank, std::chrono::steady_clock::time_point began) {
+    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep", 2000ms);
+    try {
+      comm::gloo_backend::join(store, rank, 2, timeout, began + timeout, lockstep::build_id());
+    } catch (const lockstep::TimeoutError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no TimeoutError");
+  };
+  const auto rank1_began = std::chrono::steady_clock::now();  // and then it stopped
+  const std::string rank0 = join_error(0, std::chrono::steady_clock::now());
+  EXPECT_NE(rank0.find("rank 1 of 2 has not joined"), std::string::npos) << rank0;
+  const std::string rank1 = join_error(1, rank1_began);
+  EXPECT_NE(rank1.find("rank 0 of 2 had joined and gave up waiting"), std::string::npos) << rank1;
+  EXPECT_EQ(rank1.find("has not joined"), std::string::npos) << rank1;
+  // Rank 1 (of this job, or a later one) begins after rank 0 gave up: rank 0
+  // has not joined, and when it gave up is said beside that. (The pause keeps
+  // the wall-clock milliseconds of the two apart.)
+  std::this_thread::sleep_for(20ms);
+  const std::string later = join_error(1, std::chrono::steady_clock::now());
+  EXPECT_NE(later.find("rank 0 of 2 has not joined"), std::string::npos) << later;
+  EXPECT_NE(later.find("rank 0 of a job with this id gave up waiting 0 s before this rank began"), std::string::npos)
+      << later;
+  EXPECT_EQ(later.find("had joined"), std::string::npos) << later;
+}
+
+// The same after the join: rank 1 is held up between its join and its wait
+// for the addresses, and rank 0 times out waiting for rank 1's, withdraws its
+// own and gives up (connect_gloo's leave_timed_out). Rank 1 names it as one
+// that had published them and gave up, not as one that "did not publish them".
+TEST_F(GlooRendezvous, ARankHeldUpAfterItsJoinNamesTheOneThatGaveUp) {
+  const auto rdv = dir_ / "rdv";
+  std::filesystem::create_directories(rdv);
+  std::atomic<bool> resumed{false};
+  std::string rank1_error = "no TimeoutError";
+  std::thread rank1([&] {
+    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep", 2000ms);
+    comm::gloo_backend::join(store, 1, 2, 20000ms, std::chrono::steady_clock::now() + 20s, lockstep::build_id());
+    while (!resumed) std::this_thread::sleep_for(5ms);  // held up
+    auto mesh = std::make_shared<comm::gloo_backend::Mesh>(1, 2);
+    try {
+      mesh->connect(store, "127.0.0.1", std::chrono::steady_clock::now());
+    } catch (const lockstep::TimeoutError& e) {
+      rank1_error = e.what();
+    }
+  });
+  {
+    comm::gloo_backend::RendezvousStore store("file:" + rdv.string(), "lockstep", 2000ms);
+    comm::gloo_backend::join(store, 0, 2, 20000ms, std::chrono::steady_clock::now() + 20s, lockstep::build_id());
+    auto mesh = std::make_shared<comm::gloo_backend::Mesh>(0, 2);
+    EXPECT_THROW(mesh->connect(store, "127.0.0.1", std::chrono::steady_clock::now() + 300ms), lockstep::TimeoutError);
+    comm::gloo_backend::leave_timed_out(store, 0, 2);
+  }
+  resumed = true;
+  rank1.join();
+  EXPECT_NE(rank1_error.find("rank 0 of 2 had published its addresses and gave up waiting"), std::string::npos)
+      << rank1_error;
+  EXPECT_EQ(rank1_error.find("did not publish"), std::string::npos) << rank1_error;
+}
+
 // A Redis server that stops answering while a rank waits in the join: the
 // rank fails after the one call that timed out, and makes no clean-up calls
 // (publish the abort, withdraw the claim, sweep), each of which waited the

@@ -124,7 +124,7 @@ std::unique_ptr<Communicator> connect_gloo(const ProcessGroupOptions& given) {
                                                  : "127.0.0.1";
     mesh->connect(*store, bind, deadline);
   } catch (const TimeoutError&) {
-    gloo_backend::leave(*store, o.rank, o.world_size);
+    gloo_backend::leave_timed_out(*store, o.rank, o.world_size);
     throw;  // every rank has the same deadline and reports its own timeout, naming who is missing
   } catch (const Error& e) {
     // Any other failure here stops the group now, not at the peers' deadline.

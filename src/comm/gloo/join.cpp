@@ -143,6 +143,57 @@ void write_abort(RendezvousStore& store, const std::string& key, const std::stri
   }
 }
 
+// Note [A rank that gave up]: a rank whose join times out writes no abort
+// (the others time out too, and an abort would stop a job restarted at once:
+// Note [Aborts do not outlive their job]). But a rank held up past its own
+// deadline (stopped by SIGSTOP or a debugger, a paused machine) finds, once
+// it runs again, no claim of a rank that had joined and gave up meanwhile,
+// and would say that rank "has not joined". So a rank that times out records
+// "gave_up/<rank>" = "<wall ms>" (a new claim of that rank removes it), and a
+// rank that times out names those that gave up after it began its own join
+// as such. Such a record older than that is an earlier job's, not named.
+std::string gave_up_key(int rank) {
+  return "gave_up/" + std::to_string(rank);
+}
+
+void write_gave_up(RendezvousStore& store, int rank) noexcept {
+  store.remove(gave_up_key(rank));
+  write_abort(store, gave_up_key(rank), "gave up");  // "<wall ms> gave up"
+}
+
+// When rank `rank` last gave up waiting, in wall ms; 0 if no record says.
+long long gave_up_at(RendezvousStore& store, int rank) {
+  const auto record = store.try_get(gave_up_key(rank));
+  return record ? std::max(0LL, std::strtoll(record->c_str(), nullptr, 10)) : 0;
+}
+
+}  // namespace
+
+std::string gave_up_since(RendezvousStore& store, std::vector<int>& ranks, long long since_ms, int world_size,
+                          const std::string& done) {
+  std::vector<int> gave_up, others;
+  long long latest = 0;
+  for (int i : ranks) {
+    const long long at = gave_up_at(store, i);
+    if (at >= since_ms && at > 0)
+      gave_up.push_back(i), latest = std::max(latest, at);
+    else
+      others.push_back(i);
+  }
+  ranks = others;
+  if (gave_up.empty()) return "";
+  const bool one = gave_up.size() == 1;
+  char ago[32];
+  std::snprintf(ago, sizeof ago, "%.0f s ago", std::max(0.0, double(wall_ms() - latest) / 1000.0));
+  return std::string(one ? "rank " : "ranks ") + rank_list(gave_up) + " of " + std::to_string(world_size) +
+         " " + done + " and gave up waiting " + (one ? "" : "(the last ") + ago +
+         (one ? ", its" : "; their") + " --rendezvous-timeout ran out" + (one ? "" : ")") +
+         " while this rank was held up past its own deadline " +
+         "(stopped, by SIGSTOP or a debugger, or on a paused machine): start every rank again";
+}
+
+namespace {
+
 // True if some rank of [0, world_size) holds a claim. Errors count as claims:
 // nothing is removed on a guess.
 bool any_claim(RendezvousStore& store, int world_size) noexcept {
@@ -217,6 +268,12 @@ void leave(RendezvousStore& store, int rank, int world_size) noexcept {
   sweep_if_last(store, world_size);
 }
 
+void leave_timed_out(RendezvousStore& store, int rank, int world_size) noexcept {
+  if (store.unresponsive()) return;
+  write_gave_up(store, rank);
+  leave(store, rank, world_size);
+}
+
 void leave_failed(RendezvousStore& store, int rank, int world_size, const std::string& reason) noexcept {
   publish_abort(store, reason);
   write_abort(store, "abort", reason);
@@ -232,9 +289,8 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
   const std::string me = "rank " + std::to_string(rank);
 
   // 1. Claim the rank.
-  const std::string mine =
-      nonce + " " + std::to_string(world_size) + " " + hostname() + " " + std::to_string(::getpid()) + " " +
-      pid_space() + " " + build;
+  const std::string mine = nonce + " " + std::to_string(world_size) + " " + hostname() + " " +
+                           std::to_string(::getpid()) + " " + pid_space() + " " + build;
   const std::string rank_key = "rank/" + std::to_string(rank);
   store.set_if_absent(rank_key, mine);
   auto held = store.try_get(rank_key);
@@ -260,11 +316,16 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
     // Another host's claim (or one whose process this host cannot check):
     // a live process's, or one left by an earlier job killed during its
     // rendezvous there; the store cannot tell which.
-    refuse(store, where + ": " + me + " is already claimed by pid " + std::to_string(other.pid) + " on " +
-                      other.host + ", which this host cannot check. If that process runs, every process " +
-                      "needs its own rank; if it was an earlier job that died there, use a fresh rendezvous " +
-                      "directory or another job id");
+    refuse(store,
+           where + ": " + me + " is already claimed by pid " + std::to_string(other.pid) + " on " +
+               other.host + ", which this host cannot check. If that process runs, every process " +
+               "needs its own rank; if it was an earlier job that died there, use a fresh rendezvous " +
+               "directory or another job id");
   }
+
+  // This rank's number is joining anew: a record that an earlier holder of it
+  // gave up waiting (Note [A rank that gave up]) is about a group gone.
+  store.remove(gave_up_key(rank));
 
   // 2. Agree on the world size.
   // "N R NONCE": the size, and the rank and claim that set it.
@@ -283,14 +344,15 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
     // rank could remove it. Set it anew, once. A live rank's value is never
     // removed: its claim still holds the nonce.
     const auto by_claim = by >= 0 ? store.try_get("rank/" + std::to_string(by)) : std::nullopt;
-    const bool stale = !by_claim || parse(*by_claim).nonce != by_nonce || claimed_by_exited_process(parse(*by_claim));
+    const bool stale =
+        !by_claim || parse(*by_claim).nonce != by_nonce || claimed_by_exited_process(parse(*by_claim));
     if (attempt == 0 && stale) {
       store.remove("world_size");
       store.set_if_absent("world_size", world_value);
       continue;
     }
-    refuse(store, where + ": " + me + " was started with world size " + std::to_string(world_size) + " but rank " +
-                      std::to_string(by) + " with world size " + std::to_string(n));
+    refuse(store, where + ": " + me + " was started with world size " + std::to_string(world_size) +
+                      " but rank " + std::to_string(by) + " with world size " + std::to_string(n));
   }
 
   // 3. Wait for everyone.
@@ -318,11 +380,12 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
       if (other.build != build) {
         const std::string msg =
             where + ": " +
-            detail::build_mismatch("rank " + std::to_string(i) + " (pid " + std::to_string(other.pid) + " on " +
-                                       other.host + ")",
+            detail::build_mismatch("rank " + std::to_string(i) + " (pid " + std::to_string(other.pid) +
+                                       " on " + other.host + ")",
                                    other.build, me, build);
         // An older rank past its join polls the session's key alone (join.h).
-        if (const auto first = store.try_get("rank/0")) write_abort(store, "abort/" + parse(*first).nonce, kRefused + msg);
+        if (const auto first = store.try_get("rank/0"))
+          write_abort(store, "abort/" + parse(*first).nonce, kRefused + msg);
         refuse(store, msg);
       }
       joined[i] = true;
@@ -349,12 +412,38 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
     }
     throw_if_aborted(store, rank);
     if (Clock::now() >= deadline) {
-      throw TimeoutError(where + ": " + me + " timed out after " + std::to_string(timeout.count()) +
-                         " ms waiting for the group: rank" + (missing.size() > 1 ? "s " : " ") +
-                         rank_list(missing) + " of " + std::to_string(world_size) +
-                         (missing.size() > 1 ? " have" : " has") + " not joined (every rank needs this " +
-                         "rendezvous and job id '" + store.job_id() + "' (--job-id); one slow to start needs " +
-                         "a longer --rendezvous-timeout)");
+      // Note [A rank that gave up]: of the missing, those that had joined
+      // and gave up since this rank began, while it was held up.
+      const auto began =
+          wall_ms() -
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - (deadline - timeout)).count();
+      std::vector<int> absent = missing;
+      const std::string gave_up = gave_up_since(store, absent, began, world_size, "had joined");
+      std::vector<int>
+          before;  // absent, but gave up before this rank began: perhaps this job, perhaps an earlier
+      long long latest = 0;
+      for (int i : absent) {
+        if (const long long at = gave_up_at(store, i); at > 0)
+          before.push_back(i), latest = std::max(latest, at);
+      }
+      std::string msg = where + ": " + me + " timed out after " + std::to_string(timeout.count()) +
+                        " ms waiting for the group: ";
+      if (!absent.empty()) {
+        msg += std::string("rank") + (absent.size() > 1 ? "s " : " ") + rank_list(absent) + " of " +
+               std::to_string(world_size) + (absent.size() > 1 ? " have" : " has") +
+               " not joined (every rank " + "needs this rendezvous and job id '" + store.job_id() +
+               "' (--job-id); one slow to start needs " + "a longer --rendezvous-timeout)";
+      }
+      if (!before.empty()) {
+        char when[32];
+        std::snprintf(when, sizeof when, "%.0f s", double(began - latest) / 1000.0);
+        msg += std::string("; rank") + (before.size() > 1 ? "s " : " ") + rank_list(before) +
+               " of a job with " + "this id gave up waiting " + (before.size() > 1 ? "the last " : "") +
+               when + " before this rank " +
+               "began (if that was this job, this rank started too late: start every rank again)";
+      }
+      if (!gave_up.empty()) msg += (absent.empty() ? "" : "; ") + gave_up;
+      throw TimeoutError(msg);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -362,8 +451,9 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
 
 }  // namespace
 
-std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                              Clock::time_point deadline, const std::string& build) {
+std::vector<std::string> join(RendezvousStore& store, int rank, int world_size,
+                              std::chrono::milliseconds timeout, Clock::time_point deadline,
+                              const std::string& build) {
   // An "abort" with no claimant left, older than a job's ranks take to
   // arrive, is an earlier job's (Note [Aborts do not outlive their job]).
   if (const auto value = store.try_get("abort")) {
@@ -384,7 +474,10 @@ std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, 
     if (store.unresponsive()) throw;
     // Peers waiting in the join stop at once, unless it ran out of time (so
     // do they) or a refusal already said why (first writer wins).
-    if (dynamic_cast<const TimeoutError*>(&e) == nullptr) publish_abort(store, e.what());
+    if (dynamic_cast<const TimeoutError*>(&e) == nullptr)
+      publish_abort(store, e.what());
+    else
+      write_gave_up(store, rank);
     const ScopedSigpipeBlock no_sigpipe;
     const std::string rank_key = "rank/" + std::to_string(rank);
     try {

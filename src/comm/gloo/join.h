@@ -14,7 +14,9 @@
 //      size and build as it appears: another -> InvalidArgument naming both,
 //      at once; a claim of an exited process counts as missing) or the
 //      deadline passes -> TimeoutError listing the missing ranks by number.
-//      Its own claim must still be its own.
+//      Its own claim must still be its own. A rank that times out here (or
+//      later in its rendezvous) writes "gave_up/<r>" = "<wall ms> gave up",
+//      which its rank's next claim removes (Note [A rank that gave up]).
 // A rank refused in 1, 2 or 3 (or failing in them for another reason but a
 // timeout) also writes "abort", so the ranks already waiting in 3 are refused
 // at once too instead of timing out. A build refusal also writes
@@ -59,8 +61,9 @@ inline constexpr std::chrono::seconds kAbortFreshFor{3};
 // the store's session set, each rank's host name (by rank). A rank whose
 // claim states another `build` (ProcessGroupOptions::build, no spaces) is
 // refused. On failure this rank's claim is withdrawn first.
-std::vector<std::string> join(RendezvousStore& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                              Clock::time_point deadline, const std::string& build);
+std::vector<std::string> join(RendezvousStore& store, int rank, int world_size,
+                              std::chrono::milliseconds timeout, Clock::time_point deadline,
+                              const std::string& build);
 
 // Best effort: records `reason` as the group's abort reason (store.abort_key())
 // unless one is there. Never throws.
@@ -75,6 +78,19 @@ std::optional<std::string> read_abort(RendezvousStore& store) noexcept;
 // that fails after the join, so that a later job with the same id and store
 // starts clean. Never throws.
 void leave(RendezvousStore& store, int rank, int world_size) noexcept;
+
+// leave() for a rank whose rendezvous timed out after its join (waiting for a
+// peer's addresses or connection): first records that it gave up, for a rank
+// held up past its own deadline to name it as such (Note [A rank that gave
+// up]). Never throws.
+void leave_timed_out(RendezvousStore& store, int rank, int world_size) noexcept;
+
+// Note [A rank that gave up] (join.cpp): of `ranks`, those whose last record of
+// giving up is at or after `since_ms` (wall-clock ms; 0: any record) are
+// taken out of `ranks` and named in the returned phrase, "rank 0 of 2 DONE and
+// gave up waiting 3 s ago, ..."; "" if none. Throws what the store throws.
+std::string gave_up_since(RendezvousStore& store, std::vector<int>& ranks, long long since_ms, int world_size,
+                          const std::string& done);
 
 // leave() for a rank that failed after its join: first records `reason` for
 // the group (its session's abort) and for the ranks that may still be in

@@ -106,7 +106,6 @@ std::string strip_location(const std::string& what) {  // gloo prefixes "[file:l
   return what;
 }
 
-
 // Note [A connect that outlives the deadline]: a pair waits for its peer up
 // to 5x the timeout it was made with (tcp/pair.h), counted from the connect
 // call, and the pairs are made before the peers' addresses are read. A peer
@@ -162,8 +161,9 @@ void check_bind_address(const std::string& me, const std::string& bind) {
   const int rv = getaddrinfo(bind.c_str(), nullptr, &hints, &list);
   const std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> found(list, &freeaddrinfo);
   if (rv != 0) {
-    const std::string why = rv == EAI_AGAIN ? "the name could not be resolved now, a temporary failure of the resolver ("
-                                            : "the name does not resolve (";
+    const std::string why = rv == EAI_AGAIN
+                                ? "the name could not be resolved now, a temporary failure of the resolver ("
+                                : "the name does not resolve (";
     throw IoError(head + why + gai_strerror(rv) + ")" + remedy);
   }
   // Each rank publishes the address it listens on, and peers connect to it:
@@ -174,8 +174,10 @@ void check_bind_address(const std::string& me, const std::string& bind) {
     const bool any6 = a->ai_family == AF_INET6 &&
                       IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
     if (any4 || any6) {
-      throw InvalidArgument(head + "the wildcard address listens everywhere but cannot be given to peers to "
-                                   "connect to" + remedy);
+      throw InvalidArgument(head +
+                            "the wildcard address listens everywhere but cannot be given to peers to "
+                            "connect to" +
+                            remedy);
     }
   }
   int first_errno = 0;
@@ -208,8 +210,8 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   } catch (const std::exception& e) {
     const std::string what = strip_location(e.what());
     if (what.find("Unable to find address for") != std::string::npos) {  // bound here a moment ago, not now
-      throw IoError(me + ": cannot listen on '" + bind + "': no address of that name could be bound (" + what +
-                    "); give bind (--bind) one of this host's addresses or host names.");
+      throw IoError(me + ": cannot listen on '" + bind + "': no address of that name could be bound (" +
+                    what + "); give bind (--bind) one of this host's addresses or host names.");
     }
     throw IoError(me + ": cannot listen on '" + bind + "': " + what);
   }
@@ -225,8 +227,9 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   if (!store.set_if_absent("addr/" + std::to_string(rank), encode_addresses(mine))) {
     // Not ours: the join checked that this rank's claim is this process's,
     // so another process published them (a duplicate of this rank).
-    const std::string msg = "rendezvous " + store.address() + ": " + me +
-                            "'s addresses were published by another process; every process needs its own rank";
+    const std::string msg =
+        "rendezvous " + store.address() + ": " + me +
+        "'s addresses were published by another process; every process needs its own rank";
     publish_abort(store, msg);
     throw InvalidArgument(msg);
   }
@@ -253,19 +256,29 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
       next_claim_check = Clock::now() + std::chrono::milliseconds(500);
       for (int m : missing) {
         if (!claim_holder_exited(store, m)) continue;
-        const std::string msg = "rendezvous " + store.address() + ": " + me + ": rank " + std::to_string(m) +
-                                " joined the group and then exited (killed or crashed) before it published its "
-                                "addresses; start the job again";
+        const std::string msg =
+            "rendezvous " + store.address() + ": " + me + ": rank " + std::to_string(m) +
+            " joined the group and then exited (killed or crashed) before it published its "
+            "addresses; start the job again";
         publish_abort(store, msg);
         throw CommAborted(msg);
       }
     }
     if (Clock::now() >= deadline) {
-      std::string list;
-      for (int m : missing) list += (list.empty() ? "" : ", ") + std::to_string(m);
-      throw TimeoutError("rendezvous " + store.address() + ": " + me +
-                         " timed out waiting for the addresses of rank" + (missing.size() > 1 ? "s " : " ") +
-                         list + ", which joined but did not publish them");
+      // Note [A rank that gave up] (join.cpp): a rank that published them
+      // and withdrew them as it gave up, while this one was held up. Any
+      // record counts: its claim, seen in this rank's join, removed older ones.
+      const std::string gave_up = gave_up_since(store, missing, 0, size, "had published its addresses");
+      std::string msg = "rendezvous " + store.address() + ": " + me + " timed out ";
+      if (!missing.empty()) {
+        std::string list;
+        for (int m : missing) list += (list.empty() ? "" : ", ") + std::to_string(m);
+        msg += std::string("waiting for the addresses of rank") + (missing.size() > 1 ? "s " : " ") + list +
+               ", which joined but did not publish them";
+      } else {
+        msg += "waiting for its peers' addresses";
+      }
+      throw TimeoutError(msg + (gave_up.empty() ? "" : ": " + gave_up));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -289,9 +302,10 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   if (size == 1) return;  // no peer to connect to
   DeadlineWatch watch(*this, deadline);
   const auto timed_out = [&](int i, const std::string& how) {
-    return TimeoutError("rendezvous " + store.address() + ": " + me + " timed out connecting to rank " +
-                        std::to_string(i) + " at " + peer_addresses_[i] + how + "; check that rank " +
-                        std::to_string(i) + " runs and can be reached there, or raise rendezvous_timeout (--rendezvous-timeout).");
+    return TimeoutError(
+        "rendezvous " + store.address() + ": " + me + " timed out connecting to rank " + std::to_string(i) +
+        " at " + peer_addresses_[i] + how + "; check that rank " + std::to_string(i) +
+        " runs and can be reached there, or raise rendezvous_timeout (--rendezvous-timeout).");
   };
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -305,7 +319,8 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
     try {
       transportContext_->getPair(i)->connect(theirs[i][rank]);
     } catch (const std::exception& e) {
-      if (watch.stop()) throw timed_out(i, ": it published its addresses but did not connect by the deadline");
+      if (watch.stop())
+        throw timed_out(i, ": it published its addresses but did not connect by the deadline");
       const std::string msg = me + ": rendezvous: connecting to rank " + std::to_string(i) + " at " +
                               peer_addresses_[i] + " failed: " + strip_location(e.what());
       publish_abort(store, msg);
@@ -318,9 +333,10 @@ void Mesh::connect(RendezvousStore& store, const std::string& bind, Clock::time_
   }
   // Connected, unless the deadline came in the last moment and closed them.
   if (watch.stop()) {
-    throw TimeoutError("rendezvous " + store.address() + ": " + me +
-                       " connected to its peers just as the deadline came, which closed the connections; raise "
-                       "rendezvous_timeout (--rendezvous-timeout).");
+    throw TimeoutError(
+        "rendezvous " + store.address() + ": " + me +
+        " connected to its peers just as the deadline came, which closed the connections; raise "
+        "rendezvous_timeout (--rendezvous-timeout).");
   }
 }
 
