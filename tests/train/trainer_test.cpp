@@ -818,6 +818,26 @@ TEST(Config, ADataSetThatDisagreesWithItselfIsRefused) {
       "features per sample and the training set");
 }
 
+// A program that evaluates on its own (evaluate = false) keeps no test set:
+// an empty one trains, as nothing reads it; with evaluation it is refused.
+// Before, an empty test set was refused whatever `evaluate` said.
+TEST(Config, WithoutEvaluationAnEmptyTestSetTrains) {
+  auto data = synthetic_data(300);
+  data.test = {};
+  auto c = small_config(2, 16);
+  c.steps = 3;
+  const TrainResult r = train(c, data);
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_FALSE(r.test_accuracy.has_value());
+  c.evaluate = true;
+  try {
+    train(c, data);
+    ADD_FAILURE() << "evaluated on an empty test set";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the test set is empty"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, ImpossibleValuesAreRefused) {
   const auto data = synthetic_data(300);
   auto zero = small_config(0, 32);

@@ -130,7 +130,9 @@ struct TrainConfig {
   BnStats bn_stats = BnStats::Local;  // deterministic mode always sums the buffers' updates in its tree
   comm::Duration timeout{std::chrono::seconds(60)};
   int ranks_per_node = 0;  // in-process replicas per modelled node (0: one node), for the hierarchical all-reduce
-  bool evaluate = true;                              // test accuracy after every epoch
+  // Test accuracy after every epoch (and after the run's last step). false:
+  // the test set is not read, and may be empty (a default data::Dataset).
+  bool evaluate = true;
   std::int64_t log_every = 50;                       // progress every this many steps
   // How often the replicas agree on TrainHooks::stop_requested, in wall time:
   // after the first step, then every max(1, this / the mean step time since
