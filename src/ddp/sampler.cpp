@@ -44,6 +44,8 @@ DistributedSampler::DistributedSampler(const SamplerOptions& o) : options_(o) {
 }
 
 std::vector<std::int64_t> DistributedSampler::epoch_order(std::int64_t epoch) const {
+  LOCKSTEP_REQUIRE(epoch >= 0, "DistributedSampler::epoch_order: epoch " + std::to_string(epoch) +
+                                   " is negative; epochs count from 0");
   std::vector<std::int64_t> order(static_cast<std::size_t>(options_.dataset_size));
   std::iota(order.begin(), order.end(), 0);
   if (!options_.shuffle) return order;

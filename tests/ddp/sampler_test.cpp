@@ -189,5 +189,16 @@ TEST(Sampler, InvalidOptionsThrowWithTheNumbers) {
                  {"2^63 or more"});
 }
 
+// Steps and ranks outside the sampler's are refused, and so is an epoch
+// before the first (it would draw an order no epoch of the run has).
+TEST(Sampler, ShardsAndOrdersOutsideTheRunAreRefused) {
+  const DistributedSampler s({.dataset_size = 100, .world_size = 4, .micro_batch = 5});
+  EXPECT_THROW(s.shard(-1, 0), InvalidArgument);
+  EXPECT_THROW(s.shard(s.steps_per_epoch(), 0), InvalidArgument);
+  EXPECT_THROW(s.shard(0, 4), InvalidArgument);
+  EXPECT_THROW(s.epoch_order(-1), InvalidArgument);
+  EXPECT_NO_THROW(s.epoch_order(0));
+}
+
 }  // namespace
 }  // namespace lockstep::ddp

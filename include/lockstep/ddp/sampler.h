@@ -44,7 +44,8 @@ class DistributedSampler {
   std::int64_t global_batch() const { return global_batch_; }
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::int64_t dataset_size() const { return options_.dataset_size; }
-  // The epoch's order of sample indices; the same on every replica.
+  // The epoch's order of sample indices; the same on every replica. Throws
+  // InvalidArgument for a negative epoch.
   std::vector<std::int64_t> epoch_order(std::int64_t epoch) const;
   // Replica `rank`'s micro-batch at `step` (0-based, within an epoch).
   Shard shard(std::int64_t step, int rank) const;
