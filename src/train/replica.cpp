@@ -12,110 +12,27 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
 
 #include "atoms.h"
+#include "evaluate.h"
+#include "event_recorder.h"
 #include "guards.h"
 #include "lockstep/ddp/grad_clip.h"
 #include "lockstep/ddp/reducer.h"
 #include "lockstep/nn/loss.h"
+#include "replica_clock.h"
+#include "shard_layout.h"
 
 namespace lockstep::train::detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// Records this replica's events against the run's common zero.
-class Recorder {
- public:
-  Recorder(bool keep, int replica, Clock::time_point t0) : keep_(keep), replica_(replica), t0_(t0) {}
-  void add(Track track, Phase phase, std::int64_t step, std::string name, Clock::time_point a,
-           Clock::time_point b, std::uint64_t bytes = 0, int layer = -1) {
-    if (!keep_) return;
-    events_.push_back({replica_, track, phase, step, std::move(name), us(a), us(b), bytes, layer});
-  }
-  std::vector<TimelineEvent> take() { return std::move(events_); }
-
- private:
-  double us(Clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - t0_).count(); }
-  bool keep_;
-  int replica_;
-  Clock::time_point t0_;
-  std::vector<TimelineEvent> events_;
-};
-
-// Sum-all-reduces a few tallies (loss sums, sample and correct counts). They
-// travel as float: counts stay exact below 2^24, and a logged loss needs no
-// more than float's 7 digits.
-void allreduce_tallies(comm::Communicator& comm, std::span<double> values) {
-  std::vector<float> buf(values.begin(), values.end());
-  comm::allreduce(comm, buf, {.op = comm::ReduceOp::Sum});
-  std::copy(buf.begin(), buf.end(), values.begin());
-}
-
-// Accuracy on the test set, split across replicas; every replica gets it.
-double evaluate(comm::Communicator& comm, nn::Model& model, const data::Dataset& test) {
-  const std::int64_t n = comm.size(), r = comm.rank();
-  const std::int64_t begin = test.size * r / n, end = test.size * (r + 1) / n;
-  const std::int64_t chunk = 256, features = test.features;
-  double tally[2] = {0, 0};   // correct, count
-  model.set_training(false);  // dropout off, batch norm on its running statistics
-  for (std::int64_t i = begin; i < end; i += chunk) {
-    const std::int64_t b = std::min(chunk, end - i);
-    auto x = std::span<const float>(test.inputs).subspan(i * features, b * features);
-    auto logits = model.forward(x, b);
-    auto s = nn::softmax_cross_entropy(logits.data(), test.labels.data() + i, b, model.out_features(),
-                                       nullptr, 0.0f);
-    tally[0] += double(s.correct);
-    tally[1] += double(b);
-  }
-  model.set_training(true);
-  allreduce_tallies(comm, tally);
-  return tally[0] / tally[1];
-}
-
-// --zero 1 (Note [Sharded optimizer state]): every replica's ranges of the
-// parameters (ddp::owned_ranges) and the widest shard. Shards differ by up
-// to one element a bucket, so in a gather or scatter each travels padded to
-// the widest. pack() and unpack() move replica r's ranges of one slot of the
-// whole state (laid out as the P parameters) to and from its padded block.
-struct ShardLayout {
-  std::vector<std::vector<ddp::GradRange>> ranges;
-  std::size_t widest = 0;
-  ShardLayout(const std::vector<ddp::Bucket>& buckets, int world_size) {
-    for (int r = 0; r < world_size; ++r) {
-      ranges.push_back(ddp::owned_ranges(buckets, r, world_size));
-      std::size_t numel = 0;
-      for (const auto& g : ranges.back()) numel += g.numel;
-      widest = std::max(widest, numel);
-    }
-  }
-  void pack(std::span<const float> whole_slot, int r, std::span<float> block) const {
-    float* to = block.data();
-    for (const auto& g : ranges[std::size_t(r)]) to = std::copy_n(whole_slot.data() + g.offset, g.numel, to);
-  }
-  void unpack(std::span<const float> block, int r, std::span<float> whole_slot) const {
-    const float* from = block.data();
-    for (const auto& g : ranges[std::size_t(r)]) {
-      std::copy_n(from, g.numel, whole_slot.data() + g.offset);
-      from += g.numel;
-    }
-  }
-};
-
-}  // namespace
 
 ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const int rank = comm.rank();
-  TrainConfig c = s.settings;  // this replica's own copy: the handshake compares them
+  TrainConfig c = s.settings;          // this replica's own copy: the handshake compares them
   const TrainConfig& from = s.config;  // the starting state (initial_*), shared
   if (s.hooks.on_replica_config) s.hooks.on_replica_config(rank, c);
   const data::Dataset& train = s.data.train;
@@ -139,13 +56,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   auto grads = model->grads();
 
   // Before anything else crosses: do all replicas run the same thing?
-  auto fields =
-      handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()), s.inputs_digest);
+  auto fields = handshake_fields(c, s.data, s.total_steps, *model, planned_buckets(c, model->layout()),
+                                 s.inputs_digest);
   // Whether checkpoints are taken decides which steps compare the replicas
   // (a collective), so every rank must take them alike.
   const bool checkpointing = static_cast<bool>(s.hooks.on_checkpoint);
-  fields.push_back({"--checkpoint (--checkpoint-every)",
-                    checkpointing ? "on, every " + std::to_string(c.checkpoint_every) + " steps and epoch ends" : "off"});
+  fields.push_back(
+      {"--checkpoint (--checkpoint-every)",
+       checkpointing ? "on, every " + std::to_string(c.checkpoint_every) + " steps and epoch ends" : "off"});
   ddp::handshake(comm, fields);
   out.handshake_fields = fields.size();
   // Rank 0 writes the trace and the SVG, so over processes its command line
@@ -182,7 +100,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       const ShardLayout shards(planned_buckets(c, model->layout()), comm.size());
       const std::size_t slots = optimizer->slot_names().size(), P = params.size();
       const std::size_t mine = slots == 0 ? 0 : optimizer->state().size() / slots;
-      std::vector<float> block(shards.widest), blocks(rank == 0 ? std::size_t(comm.size()) * shards.widest : 0);
+      std::vector<float> block(shards.widest),
+          blocks(rank == 0 ? std::size_t(comm.size()) * shards.widest : 0);
       for (std::size_t k = 0; k < slots; ++k) {
         for (int r = 0; rank == 0 && r < comm.size(); ++r) {
           shards.pack(std::span<const float>(*from.initial_optimizer_state).subspan(k * P, P), r,
@@ -216,8 +135,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         .bucket_mb = c.bucket_mb,
                         .algorithm = c.algorithm,
                         .compression = c.compression,
-                        .overlap = c.overlap == Overlap::On ||
-                                   (c.overlap == Overlap::Auto && !shared_memory),
+                        .overlap = c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory),
                         .shard = sharded});
   out.traffic.setup += comm.stats().bytes_sent - before_setup;  // weight verification, bucket layout check
   // --compress bf16, resumed: every replica's own rounding error, replica r's at r x P.
@@ -238,8 +156,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   }
   double window_norm = -1;  // the largest gradient norm since the last progress point (-1: none)
   std::int64_t window_clipped = 0;
-  out.overlapped =
-      c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory);
+  out.overlapped = c.overlap == Overlap::On || (c.overlap == Overlap::Auto && !shared_memory);
   std::vector<std::string> layer_names;
   for (std::size_t i = 0; i < model->layer_count(); ++i) {
     layer_names.push_back(std::to_string(i) + " " + model->layer(i).describe());
@@ -276,8 +193,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   // A resumed run's first window is cut short unless the step before it
   // ended a window in the unbroken run too (a progress point: every
   // log_every steps and each epoch's end).
-  const bool first_window_cut = c.start_step > 0 && c.start_step % c.log_every != 0 &&
-                                c.start_step % s.sampler.steps_per_epoch() != 0;
+  const bool first_window_cut =
+      c.start_step > 0 && c.start_step % c.log_every != 0 && c.start_step % s.sampler.steps_per_epoch() != 0;
   // Note [Paced stop votes]: the replicas must stop after the same step, so
   // a stop request is a vote, an all-reduce. Voting only at progress points
   // (every --log-every steps) left a Ctrl-C unheard for up to 50 steps: 0.4 s
@@ -334,12 +251,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     // Past this magnitude a local gradient could overflow the sum over the
     // replicas (the reducer's weights add up to n), or over the step's atoms
     // (--deterministic): counted as non-finite (Note [Non-finite sentinel]).
-    const float overflow =
-        overflow_limit(c.deterministic ? (shard.global_count + c.atom - 1) / std::max<std::int64_t>(1, c.atom) : n);
+    const float overflow = overflow_limit(
+        c.deterministic ? (shard.global_count + c.atom - 1) / std::max<std::int64_t>(1, c.atom) : n);
     bool inject_nan = guards.injects(Fault::Kind::NaN, step);
-    double loss_sum = 0;            // this replica's (deterministic mode: the group's, bit-exact)
-    auto t_backward_end = t_step;   // the last layer's backward, before its gradients are announced
-    auto t_wait_end = t_step;       // the gradients are reduced
+    double loss_sum = 0;           // this replica's (deterministic mode: the group's, bit-exact)
+    auto t_backward_end = t_step;  // the last layer's backward, before its gradients are announced
+    auto t_wait_end = t_step;      // the gradients are reduced
     // Where the step began waiting on communication: the end of backward
     // (buckets may still be in flight); under --deterministic, the start of
     // the tree all-reduce, since summing the atoms before it is compute.
@@ -353,8 +270,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                                       const std::function<void(std::size_t)>& on_layer_done) {
       auto t = Clock::now();
       // Random streams (dropout) are keyed by the global sample index, never by rank.
-      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step), std::span(sample_ids).subspan(lo, m),
-                                   real};
+      const nn::ForwardContext ctx{c.seed, static_cast<std::uint64_t>(step),
+                                   std::span(sample_ids).subspan(lo, m), real};
       auto logits = model->forward(
           std::span<const float>(&x[lo * features], m * features), m,
           [&](std::size_t layer) {
@@ -373,8 +290,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       model->backward(std::span<const float>(dlogits.data(), m * classes), m, /*accumulate=*/true,
                       [&](std::size_t layer) {
                         const auto done = Clock::now();
-                        recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer], t,
-                                     done, 0, int(layer));
+                        recorder.add(Track::Compute, Phase::Backward, step, "backward " + layer_names[layer],
+                                     t, done, 0, int(layer));
                         t = t_backward_end = done;
                         if (on_layer_done) on_layer_done(layer);
                       });
@@ -387,7 +304,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       for (std::int64_t lo = 0; lo < b; lo += c.atom) {
         std::copy(buffers_at_step.begin(), buffers_at_step.end(), buffers.begin());
         std::fill(grads.begin(), grads.end(), 0.0f);
-        const double atom_loss = forward_backward(lo, c.atom, c.atom, 1.0f, nullptr);  // the sum, not the mean
+        const double atom_loss =
+            forward_backward(lo, c.atom, c.atom, 1.0f, nullptr);  // the sum, not the mean
         if (inject_nan) grads[grads.size() / 2] = std::numeric_limits<float>::quiet_NaN();
         inject_nan = false;
         nonfinite = nonfinite || has_nonfinite(grads, overflow);
@@ -406,8 +324,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       comm::NativeAllreduce* native = comm.native_allreduce();
       const auto tree = native != nullptr && native->shares_memory() ? comm::Algorithm::SharedMemory
                                                                      : comm::Algorithm::Tree;
-      comm::allreduce(comm, total,
-                      {.op = comm::ReduceOp::Sum, .algorithm = tree, .global_batch = std::uint64_t(shard.global_count)});
+      comm::allreduce(
+          comm, total,
+          {.op = comm::ReduceOp::Sum, .algorithm = tree, .global_batch = std::uint64_t(shard.global_count)});
       t_wait_end = Clock::now();
       out.traffic.gradients += comm.stats().bytes_sent - sent;
       out.traffic.gradient_messages += comm.stats().messages_sent - messages;
@@ -461,12 +380,14 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       }
       if (sync_buffers) {  // --bn-stats sync: Note [Synchronised buffers]
         for (std::size_t j = 0; j < buffers.size(); ++j) buffer_update[j] = buffers[j] - buffers_at_step[j];
-        const bool equal_shards = shard.global_count % n == 0;  // the sampler's shards are as even as possible
+        const bool equal_shards =
+            shard.global_count % n == 0;  // the sampler's shards are as even as possible
         if (!equal_shards)
           for (auto& u : buffer_update) u *= static_cast<float>(b);
         const auto sent = comm.stats().bytes_sent;
         const auto t_buffers = Clock::now();
-        comm::allreduce(comm, buffer_update, {.op = equal_shards ? comm::ReduceOp::Mean : comm::ReduceOp::Sum});
+        comm::allreduce(comm, buffer_update,
+                        {.op = equal_shards ? comm::ReduceOp::Mean : comm::ReduceOp::Sum});
         const auto t_buffers_end = Clock::now();
         out.traffic.buffers += comm.stats().bytes_sent - sent;
         if (!equal_shards)
@@ -478,7 +399,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         buffers_exposed_ms = ms_between(t_buffers, t_buffers_end);
         recorder.add(Track::Comm, Phase::Allreduce, step, "allreduce buffers", t_buffers, t_buffers_end,
                      comm.stats().bytes_sent - sent);
-        recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (buffers)", t_buffers, t_buffers_end);
+        recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (buffers)", t_buffers,
+                     t_buffers_end);
       }
     }
     if (t_wait_end > t_wait_start) {
@@ -489,8 +411,9 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     bool optimizer_recorded = false;  // sharded: recorded before the all-gather
     const float lr = optim::learning_rate(c.schedule, c.lr, step, s.total_steps, c.lr_warmup);
     double gather_ms = 0;  // --zero 1: the weights' all-gather, exposed after the optimizer
-    const bool skipped = guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out);
-    double clip_ms = 0;  // --clip-grad-norm with --zero 1: the norm's exchange, exposed
+    const bool skipped =
+        guards.skip_step(step, reduced_nonfinite_sentinel(grads, sentinel_mine), nonfinite, grads, out);
+    double clip_ms = 0;        // --clip-grad-norm with --zero 1: the norm's exchange, exposed
     if (clipper && skipped) {  // one entry per step run: NaN for a skipped step (null in the report)
       out.grad_norms.push_back(std::numeric_limits<double>::quiet_NaN());
     } else if (clipper) {  // the same norm on every replica, so the same factor
@@ -505,7 +428,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
         clip_ms = ms_between(t_clip, t_clipped);
         sample.comm += clip_ms;
         sample.spans.emplace_back(t_clip, t_clipped);
-        recorder.add(Track::Comm, Phase::Allreduce, step, "all-reduce gradient norm", t_clip, t_clipped, sent);
+        recorder.add(Track::Comm, Phase::Allreduce, step, "all-reduce gradient norm", t_clip, t_clipped,
+                     sent);
         recorder.add(Track::Compute, Phase::Exposed, step, "exposed comm (gradient norm)", t_clip, t_clipped);
       }
       const auto clip = clipper->scale(grads, sum);
@@ -527,7 +451,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       // same arithmetic on the same values as without sharding, so the same bits.
       optimizer->step_ranges_and_zero_grads(params, grads, owned, lr);
       const auto t_gather = Clock::now();
-      recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer (own shard)", t_optimizer_start, t_gather);
+      recorder.add(Track::Compute, Phase::Optimizer, step, "optimizer (own shard)", t_optimizer_start,
+                   t_gather);
       const auto sent = comm.stats().bytes_sent;
       reducer.gather(params);
       const auto t_gathered = Clock::now();
@@ -553,8 +478,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     // 0): Note [Audit before a checkpoint].
     const bool checkpoint_step =
         checkpointing && ((c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || epoch_end);
-    const bool checked = guards.check(step, epoch_end || checkpoint_step, last_step || checkpoint_step, params,
-                                      optimizer->state(), buffers, out);  // in the step's time
+    const bool checked = guards.check(step, epoch_end || checkpoint_step, last_step || checkpoint_step,
+                                      params, optimizer->state(), buffers, out);  // in the step's time
     const auto t_end = Clock::now();
     if (checked) sample.check = ms_between(t_optimizer_end, t_end);
     sample.step = ms_between(t_step, t_end);
@@ -627,7 +552,8 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
     if (stop) {
       // The run ends here as at its last step: the weights it ends with are
       // compared, and the samples since the last check accounted for.
-      if (!checked) guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
+      if (!checked)
+        guards.check(step, /*epoch_end=*/true, /*last_step=*/true, params, optimizer->state(), buffers, out);
       out.stopped_early = true;
     }
     if (checkpointing && (checkpoint_step || stop)) {
@@ -661,23 +587,25 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
       }
       out.traffic.checkpoint += comm.stats().bytes_sent - before;
       if (rank == 0) {
-        s.hooks.on_checkpoint({.steps_done = step + 1,
-                               .steps_planned = s.total_steps,
-                               .optimizer_steps = optimizer->steps_taken(),
-                               .skips_in_a_row = guards.skips_in_a_row(),
-                               .layout = &model->layout(),
-                               .buffer_layout = &model->buffer_layout(),
-                               .slot_names = optimizer->slot_names(),
-                               .params = params,
-                               .buffers = buffers,
-                               .optimizer_state = sharded ? std::span<const float>(whole_state) : optimizer->state(),
-                               .replica_buffers = replica_buffers,
-                               .error_feedback = error_feedback});
+        s.hooks.on_checkpoint(
+            {.steps_done = step + 1,
+             .steps_planned = s.total_steps,
+             .optimizer_steps = optimizer->steps_taken(),
+             .skips_in_a_row = guards.skips_in_a_row(),
+             .layout = &model->layout(),
+             .buffer_layout = &model->buffer_layout(),
+             .slot_names = optimizer->slot_names(),
+             .params = params,
+             .buffers = buffers,
+             .optimizer_state = sharded ? std::span<const float>(whole_state) : optimizer->state(),
+             .replica_buffers = replica_buffers,
+             .error_feedback = error_feedback});
       }
     }
     if (stop) break;
   }
-  if (!out.stopped_early) guards.maybe_throw(s.total_steps);  // --inject throw@<steps>: after the last checkpoint
+  if (!out.stopped_early)
+    guards.maybe_throw(s.total_steps);  // --inject throw@<steps>: after the last checkpoint
   // Note [A job that had ended]
   // A job whose every step is done can still fail after its last checkpoint:
   // a rank lost while the outputs are gathered or written. The job
@@ -700,80 +628,12 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const auto st = comm.stats();
   out.traffic.unaccounted = st.bytes_sent - out.traffic.init_broadcast - out.traffic.setup -
                             out.traffic.gradients - out.traffic.control - out.traffic.checks -
-                            out.traffic.repair - out.traffic.buffers - out.traffic.weights - out.traffic.resume -
-                            out.traffic.checkpoint - out.traffic.clip;
+                            out.traffic.repair - out.traffic.buffers - out.traffic.weights -
+                            out.traffic.resume - out.traffic.checkpoint - out.traffic.clip;
   out.params.assign(params.begin(), params.end());
   out.buffers.assign(buffers.begin(), buffers.end());
   out.events = recorder.take();
   return out;
-}
-
-bool replicas_keep_own_buffers(const TrainConfig& config, const nn::Model& model) {
-  return !model.buffer_layout().tensors().empty() && config.bn_stats == BnStats::Local && !config.deterministic &&
-         config.replicas > 1;
-}
-
-std::string replica_parts_mismatch(const TrainConfig& config, const nn::Model& model, std::size_t replica_buffers,
-                                   std::size_t error_feedback) {
-  const auto check = [&](std::size_t floats, bool kept, std::size_t per_replica, const char* names,
-                         const char* setting) -> std::string {
-    const std::size_t want = kept ? per_replica * std::size_t(config.replicas) : 0;
-    if (floats == want) return "";
-    const std::size_t have = per_replica == 0 ? 0 : floats / per_replica;
-    return std::string(names) + " for " + std::to_string(have) + " replicas, but " +
-           (kept ? "a run with " + std::string(setting) + " and " + std::to_string(config.replicas) +
-                       " replicas keeps them for each"
-                 : "a run with these settings keeps none");
-  };
-  auto wrong = check(replica_buffers, replicas_keep_own_buffers(config, model), model.buffer_layout().numel(),
-                     "'replica.<r>.*' batch-norm statistics", "--bn-stats local");
-  if (wrong.empty()) {
-    wrong = check(error_feedback, config.compression == ddp::Compression::Bf16, model.layout().numel(),
-                  "'error_feedback.<r>.*' rounding errors", "--compress bf16");
-  }
-  return wrong;
-}
-
-TrainConfig without_starting_state(const TrainConfig& config) {
-  TrainConfig c = config;
-  c.initial_params.reset();
-  c.initial_buffers.reset();
-  c.initial_optimizer_state.reset();
-  c.initial_replica_buffers = c.initial_error_feedback = nullptr;
-  return c;
-}
-
-}  // namespace lockstep::train::detail
-
-namespace lockstep::train::detail {
-
-StepTimes median_times(std::span<const StepSample> samples) {
-  StepTimes t;
-  if (samples.empty()) return t;
-  // The median of field(s) over the samples where keep(s); NaN if there are none.
-  auto median = [&](auto field, auto keep) {
-    std::vector<double> v;
-    for (const auto& s : samples)
-      if (keep(s)) v.push_back(field(s));
-    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  const auto every = [](const StepSample&) { return true; };
-  t.step_ms = median([](const StepSample& s) { return s.step; }, every);
-  t.compute_ms = median([](const StepSample& s) { return s.compute; }, every);
-  t.comm_ms = median([](const StepSample& s) { return s.comm; }, every);
-  t.exposed_comm_ms = median([](const StepSample& s) { return s.exposed; }, every);
-  t.overlap_fraction = median(
-      [](const StepSample& s) { return s.comm > 0 ? std::clamp(1.0 - s.exposed / s.comm, 0.0, 1.0) : 0.0; },
-      every);
-  const double check = median([](const StepSample& s) { return s.check; },
-                              [](const StepSample& s) { return s.check > 0; });
-  if (!std::isnan(check)) t.check_ms = check;
-  const auto attributed = [](const StepSample& s) { return !std::isnan(s.comm_wait); };
-  t.comm_wait_ms = median([](const StepSample& s) { return s.comm_wait; }, attributed);
-  t.comm_joined_ms = median([](const StepSample& s) { return s.comm - s.comm_wait; }, attributed);
-  return t;
 }
 
 // Note [Synchronised buffers]: with --bn-stats sync every replica applies
@@ -791,34 +651,5 @@ StepTimes median_times(std::span<const StepSample> samples) {
 // which update nothing, so that step adds less than K to num_batches_tracked
 // (2 x 2 x K = 2 on 11 samples: 3.67 after 2 steps, not 4). PyTorch has no
 // counterpart to hold it to: its SyncBatchNorm synchronises every forward.
-
-// Note [Waiting for the last replica]: an all-reduce cannot finish on any
-// replica before every replica has started it, so the time from a replica's
-// start of all-reduce k of step s to the last replica's start of the same
-// all-reduce is waiting, whatever the algorithm: for the others' backward
-// (and, with more replicas than cores, for the OS to run them). The rest of
-// the span is the all-reduce itself. Each wait is clamped to the replica's
-// own span, so wait + joined = comm for every sample.
-void attribute_waits(std::span<ReplicaOutput> outputs) {
-  if (outputs.empty()) return;
-  const std::size_t steps = outputs[0].steps.size();
-  for (const auto& o : outputs) {
-    if (o.steps.size() != steps) return;
-    for (std::size_t s = 0; s < steps; ++s)
-      if (o.steps[s].spans.size() != outputs[0].steps[s].spans.size()) return;
-  }
-  for (std::size_t s = 0; s < steps; ++s) {
-    const std::size_t n = outputs[0].steps[s].spans.size();
-    for (auto& o : outputs) o.steps[s].comm_wait = 0;
-    for (std::size_t k = 0; k < n; ++k) {
-      auto last_start = outputs[0].steps[s].spans[k].first;
-      for (const auto& o : outputs) last_start = std::max(last_start, o.steps[s].spans[k].first);
-      for (auto& o : outputs) {
-        const auto [start, end] = o.steps[s].spans[k];
-        o.steps[s].comm_wait += ms_between(start, std::min(last_start, end));
-      }
-    }
-  }
-}
 
 }  // namespace lockstep::train::detail
