@@ -34,7 +34,7 @@ std::vector<std::int64_t> parse_hidden(const std::string& text);
 // Refuses a run (InvalidArgument naming the flags to lower) whose
 // `replicas_here` replicas' weights, gradients, optimizer state and
 // activations are more than this host has free: the kernel's OOM killer
-// would end it part way, without a word (train_command.cpp). With
+// would end it part way, without a word (train_memory.cpp). With
 // `checkpoint_copy`, this process writes checkpoints and keeps a copy of one
 // (Note [Checkpoints in the background]).
 void check_memory(const train::TrainConfig& c, const data::ImageClassificationData& data, int replicas_here,

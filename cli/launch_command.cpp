@@ -17,7 +17,7 @@
 // 2, ... A synchronous job cannot go on without a rank (every step needs
 // every replica's gradients), so the unit of recovery is the job, as in
 // torchrun; train's --auto-resume makes the restarted job go on from its
-// last checkpoint (Note [Restarts] in train_command.cpp). Not restarted: a
+// last checkpoint (Note [Restarts] in restarts.cpp). Not restarted: a
 // job stopped by a signal to the launcher (the user's), and a rank that
 // exited 2, a refused flag or setting, which every restart would meet again.
 // The launcher catches signals across the runs (SupervisorSignals): one that

@@ -1747,7 +1747,7 @@ AutoResumeCase auto_resume_case(const std::string& name) {
   return k;
 }
 
-// --auto-resume (Note [Restarts], cli/train_command.cpp): no file, a fresh
+// --auto-resume (Note [Restarts], cli/restarts.cpp): no file, a fresh
 // run; the file of a run stopped early, that run's end, bit for bit; the
 // file of an ended run, that run's end again; of other settings, refused
 // with --auto-resume's remedies. LOCKSTEP_RESTART_COUNT > 0 (set by lockstep launch
