@@ -27,6 +27,7 @@
 #include "lockstep/nn/loss.h"
 #include "replica_clock.h"
 #include "shard_layout.h"
+#include "synced_buffers.h"
 
 namespace lockstep::train::detail {
 
@@ -177,6 +178,7 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   const bool local_buffers = replicas_keep_own_buffers(c, *model);
   std::vector<float> buffers_at_step(c.deterministic || sync_buffers ? buffers.size() : 0);
   std::vector<float> buffer_update(sync_buffers ? buffers.size() : 0);
+  const std::vector<std::size_t> buffer_counters = counter_offsets(model->buffer_layout());
   std::vector<float> atom_vector(c.deterministic ? params.size() + 1 + buffers.size() : 0);
   AtomTree atoms(atom_vector.size());
 
@@ -390,8 +392,13 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
                         {.op = equal_shards ? comm::ReduceOp::Mean : comm::ReduceOp::Sum});
         const auto t_buffers_end = Clock::now();
         out.traffic.buffers += comm.stats().bytes_sent - sent;
-        if (!equal_shards)
+        if (!equal_shards) {
           for (auto& u : buffer_update) u /= static_cast<float>(shard.global_count);
+          // The step counters count forwards, not samples (Note [Synchronised buffers]).
+          const auto forwards = static_cast<float>(micro_steps_with_samples(
+              s.sampler, in_epoch, int(n), c.accumulate, c.ragged == Ragged::Pad));
+          for (const std::size_t j : buffer_counters) buffer_update[j] = forwards;
+        }
         for (std::size_t j = 0; j < buffers.size(); ++j) buffers[j] = buffers_at_step[j] + buffer_update[j];
         // Exposed too, after the gradients': on this thread, after backward.
         sample.comm += ms_between(t_buffers, t_buffers_end);
@@ -635,21 +642,5 @@ ReplicaOutput run_replica(const Shared& s, comm::Communicator& comm) {
   out.events = recorder.take();
   return out;
 }
-
-// Note [Synchronised buffers]: with --bn-stats sync every replica applies
-// the replicas' updates of the buffers (batch norm's running statistics),
-// each weighted by its samples: sum(update_r x b_r) / B, as SyncBatchNorm
-// updates them once from the whole batch. The running mean's update is then
-// momentum x (the whole batch's mean - running mean) exactly, and
-// num_batches_tracked grows by 1 a step. In an epoch's ragged last step a
-// replica may have fewer samples, or none (fewer samples than replicas): a
-// plain mean of the updates counted it as a whole batch (13 samples on 8
-// replicas x 1, two epochs: num_batches_tracked 3.25 after 4 steps). With
-// equal shards, the weighted mean is the plain mean, which is taken as before
-// (ReduceOp::Mean: the same bits). Left as it is: with --accumulate K, a
-// replica with fewer than K samples in a ragged step runs empty micro-steps,
-// which update nothing, so that step adds less than K to num_batches_tracked
-// (2 x 2 x K = 2 on 11 samples: 3.67 after 2 steps, not 4). PyTorch has no
-// counterpart to hold it to: its SyncBatchNorm synchronises every forward.
 
 }  // namespace lockstep::train::detail

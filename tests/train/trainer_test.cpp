@@ -126,6 +126,37 @@ TEST(Equivalence, SyncedBatchNormStatisticsCountEveryStepOnceInRaggedSteps) {
   EXPECT_EQ(seen, 2);  // the CNN's two batch norms
 }
 
+// And with --accumulate K the counters count forwards, as a batch norm
+// synchronised at every forward would: each micro-step that has a sample on
+// some replica, even where a replica's own is empty. 2 replicas x 1 x K = 5
+// on 15 samples: a full step (5 micro-steps), then 5 samples split 2 and 3.
+// Under --ragged weighted each replica cuts its own rows into 5, and samples
+// fall in micro-steps {2, 4} and {1, 3, 4}: 4 of 5, so 9 in all. Under pad
+// both cut the largest shard's 3 rows, and samples fall in {1, 3} and
+// {1, 3, 4}: 8. A weighted mean of the replicas' own counts gave 7.6 in both.
+TEST(Equivalence, SyncedBatchNormCountsEveryForwardOfAnAccumulatedRaggedStep) {
+  const auto data = synthetic_data(15, 28 * 28, 3, 8);
+  for (const auto& [policy, counted] : {std::pair{Ragged::Weighted, 9.0f}, std::pair{Ragged::Pad, 8.0f}}) {
+    SCOPED_TRACE(to_string(policy));
+    auto c = small_config(2, 1);
+    c.model = "cnn";
+    c.bn_stats = BnStats::Sync;
+    c.accumulate = 5;
+    c.steps = 0;
+    c.epochs = 1;
+    c.ragged = policy;
+    const auto r = train(c, data);
+    ASSERT_EQ(r.steps, 2);
+    int seen = 0;
+    for (const auto& t : r.buffer_layout.tensors()) {
+      if (!t.name.ends_with("num_batches_tracked")) continue;
+      EXPECT_EQ(r.buffers[t.offset], counted) << t.name;
+      ++seen;
+    }
+    EXPECT_EQ(seen, 2);
+  }
+}
+
 // The invariant: after every step, every replica holds bitwise-identical
 // weights and optimizer state.
 TEST(Lockstep, ReplicasAreBitwiseIdenticalAfterEveryStep) {
