@@ -84,14 +84,10 @@ int run_train(TrainFlags& f) {
     }();
     // Training from them would give NaN from step 0.
     const auto check_finite = [&](const nn::Layout& layout, const std::vector<float>& all) {
-      for (const auto& t : layout.tensors()) {
-        const auto values = std::span<const float>(all).subspan(t.offset, t.numel);
-        if (std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); })) {
-          throw InvalidArgument(
-              "--init " + f.init_file + ": tensor " + t.name +
-              " holds NaN or infinite values; no model trains from them. Give weights saved "
-              "from a healthy run.");
-        }
+      if (const nn::TensorSpec* t = nn::first_nonfinite_tensor(layout, all)) {
+        throw InvalidArgument("--init " + f.init_file + ": tensor " + t->name +
+                              " holds NaN or infinite values; no model trains from them. Give weights saved "
+                              "from a healthy run.");
       }
     };
     check_finite(model->layout(), state.params);

@@ -1,5 +1,7 @@
 #include "lockstep/nn/arena.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -34,13 +36,22 @@ const TensorSpec* Layout::find(std::string_view name) const {
   return nullptr;
 }
 
+const TensorSpec* first_nonfinite_tensor(const Layout& layout, std::span<const float> all) {
+  for (const auto& t : layout.tensors()) {
+    const auto values = all.subspan(t.offset, t.numel);
+    if (std::any_of(values.begin(), values.end(), [](float v) { return !std::isfinite(v); })) return &t;
+  }
+  return nullptr;
+}
+
 void Arena::Free::operator()(float* p) const {
   std::free(p);
 }
 
 Arena::Arena(std::size_t numel) : numel_(numel) {
   if (numel > kMaxFloats) {
-    throw InvalidArgument("an arena of " + std::to_string(numel) + " floats is more than any machine can hold");
+    throw InvalidArgument("an arena of " + std::to_string(numel) +
+                          " floats is more than any machine can hold");
   }
   const std::size_t bytes = ((numel * sizeof(float) + 63) / 64) * 64;
   if (bytes == 0) return;

@@ -68,6 +68,16 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
     throw InvalidArgument("initial buffers hold " + std::to_string(c.initial_buffers->size()) +
                           " values but the model has " + std::to_string(probe->buffer_layout().numel()));
   }
+  // Training from them would give NaN from step 0, and the run would end
+  // after --max-skips steps naming the gradients, not the weights.
+  const auto check_finite = [](const char* what, const nn::Layout& layout, const std::vector<float>& all) {
+    if (const nn::TensorSpec* t = nn::first_nonfinite_tensor(layout, all)) {
+      throw InvalidArgument(std::string(what) + ": tensor " + t->name +
+                            " holds NaN or infinite values; no model trains from them.");
+    }
+  };
+  if (c.initial_params) check_finite("initial_params", probe->layout(), *c.initial_params);
+  if (c.initial_buffers) check_finite("initial_buffers", probe->buffer_layout(), *c.initial_buffers);
   if (c.zero == 1 && c.replicas > 1 && !c.deterministic) {
     // Note [Non-finite sentinel], sharded: every rank's chunk of the last bucket carries the flag.
     const auto buckets = detail::planned_buckets(c, probe->layout());

@@ -869,6 +869,39 @@ TEST(Config, WithoutEvaluationAnEmptyTestSetTrains) {
   }
 }
 
+// Starting weights or buffers with a NaN or an infinity are refused before
+// training, naming the tensor: the run would otherwise end after max_skips
+// steps of non-finite gradients, with no word of the weights.
+TEST(Config, NonFiniteStartingStateIsRefusedNamingTheTensor) {
+  const auto data = synthetic_data(300);
+  auto c = small_config(2, 16);
+  c.steps = 3;
+  const auto model = make_model(c, data.train.features, data.train.num_classes);
+  const auto& last = model->layout().tensors().back();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    auto weights = std::vector<float>(model->params().begin(), model->params().end());
+    weights[last.offset] = bad;
+    c.initial_params = weights;
+    try {
+      train(c, data);
+      ADD_FAILURE() << "trained from " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("initial_params: tensor " + last.name + " holds NaN or infinite"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  auto cnn = small_config(2, 4);
+  cnn.model = "cnn";
+  cnn.steps = 1;
+  const auto cnn_data = synthetic_data(64, 28 * 28, 3, 8);
+  const auto cnn_model = make_model(cnn, cnn_data.train.features, cnn_data.train.num_classes);
+  auto buffers = std::vector<float>(cnn_model->buffers().begin(), cnn_model->buffers().end());
+  buffers[0] = std::numeric_limits<float>::quiet_NaN();
+  cnn.initial_buffers = buffers;
+  EXPECT_THROW(train(cnn, cnn_data), InvalidArgument);
+}
+
 TEST(Config, ImpossibleValuesAreRefused) {
   const auto data = synthetic_data(300);
   auto zero = small_config(0, 32);

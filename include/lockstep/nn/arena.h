@@ -41,6 +41,10 @@ class Layout {
   std::size_t numel_ = 0;
 };
 
+// The first tensor of `layout` whose values in `all` (an arena's worth,
+// laid out by `layout`) hold a NaN or an infinity; null if none.
+const TensorSpec* first_nonfinite_tensor(const Layout& layout, std::span<const float> all);
+
 // A zero-initialised, 64-byte aligned float buffer. Move-only.
 class Arena {
  public:

@@ -139,8 +139,10 @@ struct TrainConfig {
   // the last vote) steps, and at every progress point (so at most every
   // log_every steps).
   double stop_poll_ms = 1000;
-  std::optional<std::vector<float>> initial_params;   // replaces init (e.g. --init FILE)
-  std::optional<std::vector<float>> initial_buffers;  // batch norm's running statistics from there too
+  // Replace init (e.g. --init FILE): the weights, and batch norm's running
+  // statistics. A NaN or an infinity in either is refused (InvalidArgument).
+  std::optional<std::vector<float>> initial_params;
+  std::optional<std::vector<float>> initial_buffers;
   // Going on from a checkpoint (--resume; TrainHooks::on_checkpoint wrote
   // it): the steps it had run (the loop starts at this step, with the data
   // order, schedule and checks of an unbroken run), its whole optimizer
