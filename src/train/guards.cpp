@@ -79,7 +79,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
   for (const auto& f : c.inject)
     faults +=
         std::string(kind_name(f.kind)) + "@" + std::to_string(f.step) + ":" + std::to_string(f.rank) + " ";
-  return {
+  std::vector<ddp::HandshakeField> fields = {
       {"build version", lockstep::version()},
       {"world size (--replicas)", std::to_string(c.replicas)},
       {"--seed", std::to_string(c.seed)},
@@ -121,6 +121,10 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
        std::to_string(c.start_step) + ", " + std::to_string(c.initial_optimizer_steps) + ", " +
            std::to_string(c.initial_skips_in_a_row) + " skipped in a row"},
   };
+  // A user's model (TrainConfig::model_factory) by its name too: its layers may be of its own, whose
+  // describe() need not tell two apart. Built-in models have none: their checkpoints hold no such field.
+  if (c.model_factory) fields.push_back({"model name (TrainConfig::model, with model_factory)", c.model});
+  return fields;
 }
 
 void verify_broadcast_weights(comm::Communicator& comm, const nn::Model& model) {
@@ -223,7 +227,7 @@ void Guards::maybe_throw(std::int64_t step) const {
 void Guards::maybe_flip_bit(std::int64_t step, std::span<float> params, std::span<float> buffers) const {
   const bool buffer = injects(Fault::Kind::BufferBitFlip, step);
   if (buffer && buffers.empty()) {
-    throw InvalidArgument("--inject bitflip-buffer needs a model with buffers (--model cnn).");
+    throw InvalidArgument("--inject bitflip-buffer needs a model with buffers (batch norm).");
   }
   if (!buffer) {
     if (!injects(Fault::Kind::BitFlip, step) || params.empty()) return;

@@ -60,6 +60,14 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
     }
   }
   auto probe = make_model(c, data.train.features, data.train.num_classes);
+  for (const auto& f : c.inject) {  // a fault no guard could see would show nothing
+    if (f.kind == Fault::Kind::BufferBitFlip && probe->buffer_layout().tensors().empty()) {
+      throw InvalidArgument(
+          "--inject bitflip-buffer needs a model with buffers (batch norm: --model cnn); " +
+          (c.model_factory ? "model '" + c.model + "' (" + probe->describe() + ")" : "--model " + c.model) +
+          " has none.");
+    }
+  }
   if (c.initial_params && c.initial_params->size() != probe->layout().numel()) {
     throw InvalidArgument("initial weights hold " + std::to_string(c.initial_params->size()) +
                           " values but the model has " + std::to_string(probe->layout().numel()));

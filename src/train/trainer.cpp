@@ -14,13 +14,28 @@
 #include "lockstep/nn/gemm.h"
 #include "replica.h"
 #include "run_plan.h"
+#include "user_model.h"
 
 namespace lockstep::train {
 
 std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features,
                                       std::int64_t classes) {
-  if (config.model == "cnn") return nn::make_cnn(1, 28, 28, classes);
-  return nn::make_mlp(features, config.hidden, classes);
+  if (!config.model_factory) {
+    if (config.model == "cnn") return nn::make_cnn(1, 28, 28, classes);
+    return nn::make_mlp(features, config.hidden, classes);
+  }
+  auto model = config.model_factory(features, classes);
+  const std::string of = "TrainConfig::model_factory (model '" + config.model + "')";
+  if (!model) throw InvalidArgument(of + " returned no model (null); it must build one on every call.");
+  if (model->in_features() != features || model->out_features() != classes) {
+    throw InvalidArgument(of + " built a model of " + std::to_string(model->in_features()) + " inputs and " +
+                          std::to_string(model->out_features()) + " outputs, for data of " +
+                          std::to_string(features) + " features and " + std::to_string(classes) +
+                          " classes.");
+  }
+  if (model->layout().numel() == 0)
+    throw InvalidArgument(of + " built " + model->describe() + ", which has no parameters to train.");
+  return model;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::size_t numel) {
@@ -52,6 +67,15 @@ class BlasThreads {
  private:
   int previous_, wanted_;
 };
+
+// What each replica copies: the config without its starting state (read
+// from the shared config), a user's model factory checked and serialised
+// (Note [A model of the user's own]). `probe` must outlive the replicas.
+TrainConfig replica_settings(const TrainConfig& c, const nn::Model& probe) {
+  TrainConfig settings = detail::without_starting_state(c);
+  if (c.model_factory) settings.model_factory = detail::one_call_at_a_time(c, probe);
+  return settings;
+}
 
 }  // namespace
 
@@ -92,7 +116,7 @@ TrainResult train(const TrainConfig& c, const data::ImageClassificationData& dat
   auto comms = comm::make_thread_group(
       {.world_size = c.replicas, .timeout = c.timeout, .ranks_per_node = c.ranks_per_node});
   if (c.link.enabled()) comms = comm::with_modelled_link(std::move(comms), c.link);
-  const TrainConfig settings = detail::without_starting_state(c);
+  const TrainConfig settings = replica_settings(c, *p.probe);
   detail::Shared shared{c,         settings,      data,     hooks,
                         p.sampler, p.total_steps, p.warmup, std::chrono::steady_clock::now()};
   shared.inputs_digest = detail::inputs_digest(data);
@@ -149,7 +173,7 @@ TrainResult train_replica(const TrainConfig& c, const data::ImageClassificationD
       throw;
     }
   };
-  const TrainConfig settings = detail::without_starting_state(c);
+  const TrainConfig settings = replica_settings(c, *p.probe);
   detail::Shared shared{c,
                         settings,
                         data,

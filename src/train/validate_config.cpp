@@ -7,6 +7,7 @@
 
 #include "atoms.h"
 #include "lockstep/error.h"
+#include "user_model.h"
 
 namespace lockstep::train::detail {
 namespace {
@@ -73,9 +74,7 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   if (c.steps < 0 || (c.steps == 0 && c.epochs < 1)) {
     throw InvalidArgument("give a positive number of --epochs or --steps");
   }
-  if (c.model != "mlp" && c.model != "cnn") {
-    throw InvalidArgument("unknown --model '" + c.model + "'; the choices are: mlp, cnn");
-  }
+  check_model_name(c);
   if (c.model == "cnn") {
     // 28x28, or 1x28x28 (one channel); a shape left empty (a set built in code) is not checked.
     const auto is_28x28 = [](std::vector<std::int64_t> shape) {
@@ -173,10 +172,6 @@ void validate(const TrainConfig& c, const data::ImageClassificationData& data) {
   for (const auto& f : c.inject) {
     // A fault no guard could see would show nothing: refused, as same-seed.
     const char* flip = f.kind == Fault::Kind::BufferBitFlip ? "bitflip-buffer" : "bitflip";
-    if (f.kind == Fault::Kind::BufferBitFlip && c.model != "cnn") {
-      throw InvalidArgument("--inject bitflip-buffer needs a model with buffers (--model cnn); --model " +
-                            c.model + " has none.");
-    }
     if ((f.kind == Fault::Kind::BitFlip || f.kind == Fault::Kind::BufferBitFlip) && c.replicas < 2) {
       throw InvalidArgument(
           std::string("--inject ") + flip +

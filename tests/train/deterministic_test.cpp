@@ -9,6 +9,7 @@
 #include "lockstep/error.h"
 #include "lockstep/train/trainer.h"
 #include "synthetic_data.h"
+#include "user_models.h"
 
 namespace lockstep::train {
 namespace {
@@ -105,6 +106,16 @@ TEST(Deterministic, CnnWithBatchNormAndDropoutIsBitExactForAnyReplicaCount) {
   auto c = config("cnn", "sgd");
   c.steps = 12;
   expect_invariant(c, synthetic_data(512, 28 * 28));
+}
+
+// A model of the user's own (TrainConfig::model_factory), which neither
+// built-in one is: two hidden widths, batch norm (buffers) and dropout.
+TEST(Deterministic, AUserModelIsBitExactForAnyReplicaCount) {
+  auto c = config("bn-mlp", "sgd");
+  c.model_factory = [](std::int64_t features, std::int64_t classes) {
+    return testing::bn_mlp(features, classes);
+  };
+  expect_invariant(c, synthetic_data(1024));
 }
 
 TEST(Deterministic, RefusesWhatItCannotKeepExact) {

@@ -80,6 +80,9 @@ struct Fault {
 // "bitflip@20:3", "nan@5:0", "throw@2:1", "same-seed"; throws InvalidArgument on anything else.
 Fault fault_from_string(std::string_view spec);
 
+// Builds a model for `features` inputs and `classes` outputs: TrainConfig::model_factory.
+using ModelFactory = std::function<std::unique_ptr<nn::Model>(std::int64_t features, std::int64_t classes)>;
+
 // Each field is the `lockstep train` flag of the same name (micro_batch is
 // --micro-batch, check_every --check-every), and train()'s errors name the
 // flags: a program reads "--zero 1" as `zero = 1`.
@@ -88,8 +91,34 @@ struct TrainConfig {
   std::int64_t micro_batch = 32;
   std::int64_t epochs = 10;
   std::int64_t steps = 0;  // > 0: stop after this many steps instead of `epochs`
+  // The model. Without model_factory, a built-in one: "mlp" (the widths of
+  // `hidden`) or "cnn" (nn::make_cnn: 28x28 single-channel images). With it,
+  // the name of the model it builds: not empty, not "mlp" or "cnn" (else
+  // InvalidArgument). The name is a start-up handshake field and a
+  // trajectory field, so a checkpoint of a model of another name is refused
+  // on resume, as is one of another layout (layers, tensor names and shapes).
   std::string model = "mlp";
-  std::vector<std::int64_t> hidden = {512, 512};
+  std::vector<std::int64_t> hidden = {512, 512};  // --model mlp only; ignored otherwise
+  // A model of the user's own, from the public layers (nn/layer.h), trained
+  // with every guarantee a built-in one has. Empty (the default): built-in.
+  // Contract, checked where it can be (InvalidArgument names what broke it):
+  // - called with the training set's features and classes wherever the
+  //   library builds the model: once to plan each train(), train_replica(),
+  //   total_steps() and trajectory_fields() call, once for each replica of
+  //   the run in this process, and by load_checkpoint(), load_checkpoint_weights()
+  //   and resume_from();
+  // - returns a model (never null) of `features` inputs, `classes` outputs
+  //   and at least one parameter;
+  // - builds the same model every call: the same layers (Model::describe()),
+  //   parameters and buffers (names, shapes, order). Every model a run builds
+  //   in a process is compared with its first; the handshake compares the
+  //   processes'. Its weights need not be set: rank 0 initialises its model
+  //   (Model::init(seed), or the initial_* state) and broadcasts them;
+  // - need not be thread-safe: train() calls it from the replicas' threads,
+  //   but one call at a time. Only a factory shared by train() calls that run
+  //   at once is called concurrently. The config's copies share what it
+  //   captures by reference or pointer.
+  ModelFactory model_factory;
   std::string optimizer = "sgd";  // sgd | adamw
   float lr = 0.1f;
   optim::Schedule schedule = optim::Schedule::Cosine;
@@ -361,7 +390,10 @@ struct TrainHooks {
   std::function<void(const TrainResult& result)> on_lost_after_training;
 };
 
-// Builds the model that TrainConfig describes (every replica calls this).
+// Builds the model that TrainConfig describes (every replica calls this): the
+// built-in `config.model`, or config.model_factory's. Throws InvalidArgument
+// if the factory returns null, or a model of other inputs or outputs than
+// `features` and `classes`, or one without parameters.
 std::unique_ptr<nn::Model> make_model(const TrainConfig& config, std::int64_t features, std::int64_t classes);
 
 // Builds the optimizer that TrainConfig describes for `numel` parameters.
