@@ -13,6 +13,7 @@
 #include <set>
 
 #include "lockstep/error.h"
+#include "guards.h"
 #include "lockstep/nn/safetensors.h"
 #include "replica.h"
 
@@ -351,6 +352,12 @@ void resume_from(TrainConfig& config, const data::ImageClassificationData& data,
     };
     const bool long_text = was.size() > 60 || value.size() > 60 || was.find('\n') != std::string::npos;
     differ.emplace_back(name, long_text ? "" : " ('" + readable(was) + "' there, '" + readable(value) + "' here)");
+  }
+  // The loop above reads this run's fields only, and a built-in model records
+  // no name: a checkpoint of a user's model (model_factory) would pass for
+  // the built-in one of the same layers, whose code it need not share.
+  if (const auto it = theirs.find(detail::kUserModelNameField); it != theirs.end() && !config.model_factory) {
+    differ.emplace_back(it->first, " ('" + it->second + "' there, the built-in --model " + config.model + " here)");
   }
   if (!differ.empty()) {
     constexpr std::size_t kShown = 6;

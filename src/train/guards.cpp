@@ -123,7 +123,7 @@ std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,
   };
   // A user's model (TrainConfig::model_factory) by its name too: its layers may be of its own, whose
   // describe() need not tell two apart. Built-in models have none: their checkpoints hold no such field.
-  if (c.model_factory) fields.push_back({"model name (TrainConfig::model, with model_factory)", c.model});
+  if (c.model_factory) fields.push_back({kUserModelNameField, c.model});
   return fields;
 }
 

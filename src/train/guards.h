@@ -17,6 +17,10 @@
 
 namespace lockstep::train::detail {
 
+// The handshake field that names a user's model (TrainConfig::model, with
+// model_factory); a built-in model's fields hold none.
+inline constexpr const char* kUserModelNameField = "model name (TrainConfig::model, with model_factory)";
+
 // What this replica is about to run, field by field, for ddp::handshake.
 // `inputs_digest`: inputs_digest(data), taken once per process.
 std::vector<ddp::HandshakeField> handshake_fields(const TrainConfig& c,

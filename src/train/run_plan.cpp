@@ -81,7 +81,8 @@ Plan plan(const TrainConfig& c, const data::ImageClassificationData& data) {
   const auto check_finite = [](const char* what, const nn::Layout& layout, const std::vector<float>& all) {
     if (const nn::TensorSpec* t = nn::first_nonfinite_tensor(layout, all)) {
       throw InvalidArgument(std::string(what) + ": tensor " + t->name +
-                            " holds NaN or infinite values; no model trains from them.");
+                            " holds NaN or infinite values; no model trains from them. Give finite "
+                            "starting values, or leave it empty for the model's own init.");
     }
   };
   if (c.initial_params) check_finite("initial_params", probe->layout(), *c.initial_params);

@@ -151,7 +151,11 @@ void write_abort(RendezvousStore& store, const std::string& key, const std::stri
 // and would say that rank "has not joined". So a rank that times out records
 // "gave_up/<rank>" = "<wall ms>" (a new claim of that rank removes it), and a
 // rank that times out names those that gave up after it began its own join
-// as such. Such a record older than that is an earlier job's, not named.
+// as such. A record older than that may be an earlier job's: it is said
+// beside "has not joined", as "gave up waiting N s before this rank began".
+// The times are wall clocks, compared across hosts sharing a store: clocks
+// that disagree by more than the gap move a record from one kind to the
+// other, which is why the second says "if that was this job".
 std::string gave_up_key(int rank) {
   return "gave_up/" + std::to_string(rank);
 }
