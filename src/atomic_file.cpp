@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -77,7 +79,10 @@ int write_all(int fd, std::span<const std::span<const std::byte>> pieces) {
 // without privileges, or the file system refuses).
 std::string name_beside(int fd, const std::filesystem::path& target) {
   const std::string from = "/proc/self/fd/" + std::to_string(fd);
-  std::random_device entropy;
+  // A name unlikely to exist (one that does is tried again), from a source
+  // that cannot throw (std::random_device may) and leak the descriptor.
+  std::mt19937_64 entropy(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                          (static_cast<std::uint64_t>(::getpid()) << 32) ^ static_cast<std::uint64_t>(fd));
   for (int attempt = 0; attempt < 100; ++attempt) {
     constexpr std::string_view kLetters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     std::string name = target.string() + ".tmp-";
