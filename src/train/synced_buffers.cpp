@@ -17,7 +17,11 @@
 // PyTorch's SyncBatchNorm is) makes: 2 x 2 x K = 2 on 11 samples gave 3.67
 // after 2 steps, not 4. So in a ragged step each counter grows by the
 // micro-steps that have a sample on some replica, which every replica
-// computes from the sampler alone (micro_steps_with_samples).
+// computes from the sampler alone (micro_steps_with_samples). Under
+// --deterministic the step's atoms make the update and the counters grow by
+// 1 a step whatever --accumulate, so that runs of one global batch agree bit
+// for bit however it is cut (replicas x micro-batch x K); there are no
+// micro-steps to count.
 #include "synced_buffers.h"
 
 #include <string_view>
