@@ -423,8 +423,8 @@ std::vector<std::string> join_claimed(RendezvousStore& store, int rank, int worl
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - (deadline - timeout)).count();
       std::vector<int> absent = missing;
       const std::string gave_up = gave_up_since(store, absent, began, world_size, "had joined");
-      std::vector<int>
-          before;  // absent, but gave up before this rank began: perhaps this job, perhaps an earlier
+      // Absent, but gave up before this rank began: perhaps this job, perhaps an earlier one.
+      std::vector<int> before;
       long long latest = 0;
       for (int i : absent) {
         if (const long long at = gave_up_at(store, i); at > 0)
