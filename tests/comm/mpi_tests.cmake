@@ -7,7 +7,7 @@ endif()
 
 add_executable(lockstep_mpi_tests mpi_rank_main.cpp mpi_collectives_test.cpp mpi_failure_test.cpp mpi_kill_test.cpp)
 target_link_libraries(lockstep_mpi_tests PRIVATE lockstep_comm_mpi GTest::gtest Threads::Threads)
-lockstep_test_flags(lockstep_mpi_tests)
+lockstep_test_flags(lockstep_mpi_tests HOT)
 target_include_directories(lockstep_mpi_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
 
 # We run as root in containers: OpenMPI refuses that unless told. Shared
