@@ -161,8 +161,11 @@ void write_file_atomically(const std::filesystem::path& path,
   // Where the file system has no O_TMPFILE, or /proc is not mounted to name
   // it, a named temporary (mkstemp) is written instead, which such a kill
   // leaves behind as FILE.tmp-XXXXXX (the old file is untouched either way).
-  const int unnamed = ::open(target.parent_path().empty() ? "." : target.parent_path().c_str(),
-                             O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  // Without /proc that is known before writing, so the bytes go out once.
+  const bool can_name = ::access("/proc/self/fd", X_OK) == 0;
+  const int unnamed = !can_name ? -1
+                                : ::open(target.parent_path().empty() ? "." : target.parent_path().c_str(),
+                                         O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
   if (unnamed >= 0) {
     if (const int err = write_out(unnamed); err != 0) {
       ::close(unnamed);  // and the file is gone with it

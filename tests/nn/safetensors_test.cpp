@@ -1,6 +1,7 @@
 #include "lockstep/nn/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -8,6 +9,8 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cstdlib>
+#include <cstring>
 #include <csignal>
 #include <fstream>
 #include <iterator>
@@ -349,26 +352,43 @@ TEST_F(SafetensorsTest, WithoutProcToNameAnUnnamedFileANamedTemporaryIsUsed) {
   const fs::path p = dir_ / "checkpoint.safetensors";
   std::vector<float> old_values = {1.0f, 2.0f};
   save_safetensors(p, std::vector<TensorRef>{{"w", {2}, old_values}});
-  std::vector<float> new_values = {3.0f, 4.0f, 5.0f};
+  // 1 MiB of values: the bytes the child writes (wchar of /proc/self/io,
+  // opened before /proc goes) show whether they went out once or twice.
+  std::vector<float> new_values(1 << 18);
+  for (std::size_t i = 0; i < new_values.size(); ++i) new_values[i] = static_cast<float>(i % 1000);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    const int io = ::open("/proc/self/io", O_RDONLY | O_CLOEXEC);
+    const auto written = [io]() -> long long {  // wchar, or -1
+      char text[512] = {};
+      if (io < 0 || ::pread(io, text, sizeof text - 1, 0) <= 0) return -1;
+      const char* at = std::strstr(text, "wchar: ");
+      return at == nullptr ? -1 : std::atoll(at + 7);
+    };
     if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::umount2("/proc", MNT_DETACH) != 0 || fs::exists("/proc/self")) {
       ::_exit(77);
     }
+    const long long before = written();
     try {
-      save_safetensors(p, std::vector<TensorRef>{{"w", {3}, new_values}});
+      save_safetensors(p, std::vector<TensorRef>{{"w", {static_cast<std::int64_t>(new_values.size())}, new_values}});
     } catch (...) {
       ::_exit(1);
     }
-    ::_exit(0);
+    const long long bytes = written() - before;
+    if (before < 0) ::_exit(78);  // no I/O accounting: the rest is still checked
+    // Written once: the file's size, not twice that (an unnamed file first,
+    // then, unable to name it, a named one).
+    ::_exit(bytes < static_cast<long long>(fs::file_size(p)) * 3 / 2 ? 0 : 2);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot make a mount namespace without /proc here (needs root)";
-  ASSERT_EQ(WEXITSTATUS(status), 0) << "the write failed";
+  ASSERT_NE(WEXITSTATUS(status), 1) << "the write failed";
+  EXPECT_NE(WEXITSTATUS(status), 2) << "the contents were written twice";
+  EXPECT_TRUE(WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 78) << "status " << WEXITSTATUS(status);
   const SafetensorsFile f = load_safetensors(p);
   ASSERT_EQ(f.tensors.size(), 1u);
   EXPECT_EQ(f.tensors[0].data, new_values);
